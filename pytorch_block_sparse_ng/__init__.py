@@ -1,0 +1,39 @@
+"""pytorch_block_sparse_ng: block-sparse and N:M sparse replacements for nn.Linear, and the tools to put
+them into real models (regex patcher, pruning masks)."""
+
+from .backend import get_backend, kernels_available, set_backend, use_backend
+from .functional import BlockSparseLinearFunction, block_sparse_linear
+from .layout import BlockSparseMatrix
+from .masks import (block_mask_by_magnitude, block_scores, expand_block_mask, mask_density, nm_mask, parse_nm,
+                    top_blocks, vector_mask)
+from .modules import BlockSparseLinear, MaskedLinear, PseudoBlockSparseLinear, SemiStructuredLinear
+from .patcher import BlockSparseModelPatcher, ModelPatcher, PatchRecord, PatchReport
+
+__version__ = "0.2.0.dev0"
+
+__all__ = [
+    "BlockSparseMatrix",
+    "BlockSparseLinear",
+    "BlockSparseLinearFunction",
+    "SemiStructuredLinear",
+    "PseudoBlockSparseLinear",
+    "MaskedLinear",
+    "ModelPatcher",
+    "BlockSparseModelPatcher",
+    "PatchRecord",
+    "PatchReport",
+    "block_sparse_linear",
+    "nm_mask",
+    "parse_nm",
+    "block_scores",
+    "block_mask_by_magnitude",
+    "top_blocks",
+    "expand_block_mask",
+    "vector_mask",
+    "mask_density",
+    "set_backend",
+    "get_backend",
+    "use_backend",
+    "kernels_available",
+    "__version__",
+]

@@ -1,0 +1,67 @@
+"""The block-sparse linear product with autograd: y = x Wᵀ + bias for a ``BlockSparseMatrix`` W.
+
+One ``torch.autograd.Function`` for the whole layer: forward is ``dsd``, backward is ``dds`` (grad input)
+and ``sdd`` (grad of the kept blocks only) plus the bias sum. Every index tensor is an argument and only
+tensors are saved, so the Function holds no module and is safe for ``torch.compile`` and DDP.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import backend
+from .layout import BlockSparseMatrix
+
+__all__ = ["BlockSparseLinearFunction", "block_sparse_linear"]
+
+
+class BlockSparseLinearFunction(torch.autograd.Function):
+    """apply(x (M, K), data [nnz, BR, BC], bias (N,) or None, *index in layout.INDEX_NAMES order) -> (M, N)."""
+
+    @staticmethod
+    def forward(ctx, x, data, bias, row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t):
+        index = (row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t)
+        ctx.save_for_backward(x, data, *index)
+        return backend.dsd(x, data, bias, *index)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, data, *index = ctx.saved_tensors
+        grad_output = grad_output.contiguous()
+        grad_x = backend.dds(grad_output, data, *index) if ctx.needs_input_grad[0] else None
+        grad_data = backend.sdd(grad_output, x, data, *index) if ctx.needs_input_grad[1] else None
+        grad_bias = grad_output.sum(0) if ctx.needs_input_grad[2] else None
+        return (grad_x, grad_data, grad_bias) + (None,) * len(index)
+
+
+def block_sparse_linear(x: torch.Tensor, weight: BlockSparseMatrix, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y = x Wᵀ + bias, like ``F.linear`` with a block-sparse weight.
+
+    x: (*, in_features) with in_features = weight.shape[1]; bias: (out_features,) or None.
+    Returns (*, out_features). Under ``torch.autocast`` the operands are cast to the autocast dtype, as
+    ``F.linear`` does; otherwise x, the blocks and the bias must share one dtype and device.
+    """
+    if not isinstance(weight, BlockSparseMatrix):
+        raise TypeError(f"block_sparse_linear: weight must be a BlockSparseMatrix, got {type(weight).__name__}")
+    out_features, in_features = weight.shape
+    if x.dim() == 0 or x.shape[-1] != in_features:
+        raise ValueError(f"block_sparse_linear: x.shape={tuple(x.shape)} must end in in_features={in_features}")
+    if bias is not None and tuple(bias.shape) != (out_features,):
+        raise ValueError(f"block_sparse_linear: bias.shape={tuple(bias.shape)} must be ({out_features},)")
+    data = weight.data
+    if x.device != data.device:
+        raise ValueError(f"block_sparse_linear: x is on {x.device} but the weight is on {data.device}")
+    if torch.is_autocast_enabled(x.device.type):
+        dtype = torch.get_autocast_dtype(x.device.type)
+        x, data = x.to(dtype), data.to(dtype)
+        bias = bias.to(dtype) if bias is not None else None
+    elif x.dtype != data.dtype or (bias is not None and bias.dtype != data.dtype):
+        raise TypeError(f"block_sparse_linear: x.dtype={x.dtype}, weight dtype={data.dtype} and bias dtype="
+                        f"{None if bias is None else bias.dtype} must be equal (or run under torch.autocast)")
+    lead_shape = x.shape[:-1]
+    x2d = x.reshape(-1, in_features).contiguous()
+    with torch.autocast(x.device.type, enabled=False):
+        y = BlockSparseLinearFunction.apply(x2d, data, bias, *weight.indices())
+    return y.view(*lead_shape, out_features)

@@ -1,0 +1,102 @@
+"""Pure-PyTorch versions of the three block-sparse products: the CPU path and the oracle of every kernel.
+
+W is the (N, K) block-sparse weight of ``layout.BlockSparseMatrix`` (N = out_features, K = in_features):
+
+- ``dsd``: y  = x Wᵀ + bias        x: (M, K)  -> y:  (M, N)        dense = dense x sparseᵀ
+- ``dds``: dx = dy W               dy: (M, N) -> dx: (M, K)        walks the column-major (transposed) index
+- ``sdd``: dW_b = dyᵀ x on kept blocks only  -> [nnz, BR, BC]       sparse = dense x dense, sampled
+
+Each product gathers the slices of the dense operand that every block touches, multiplies all blocks in one
+``bmm`` and sums the results into their block row (or column) with ``index_add_``: no Python loop over
+blocks. Rows of M are processed in chunks so that the gathered copy stays under ``_CHUNK_ELEMENTS``.
+fp16/bf16 inputs are accumulated in fp32 and rounded once at the end, as the kernels do.
+
+All functions take the index tensors in the order of ``layout.INDEX_NAMES`` and return new tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+__all__ = ["dsd", "dds", "sdd"]
+
+# Upper bound on the elements of one gathered chunk (64 MiB in fp32).
+_CHUNK_ELEMENTS = 1 << 24
+
+
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _row_chunks(m: int, per_row_elements: int):
+    step = max(1, _CHUNK_ELEMENTS // max(1, per_row_elements))
+    for start in range(0, m, step):
+        yield start, min(m, start + step)
+
+
+def dsd(x: torch.Tensor, data: torch.Tensor, bias: Optional[torch.Tensor], row_offsets: torch.Tensor,
+        col_indices: torch.Tensor, row_indices: torch.Tensor, col_offsets_t: torch.Tensor,
+        row_indices_t: torch.Tensor, perm_t: torch.Tensor) -> torch.Tensor:
+    """y = x Wᵀ + bias. x: (M, K), data: [nnz, BR, BC], bias: (N,) or None -> (M, N) in x's dtype."""
+    m = x.shape[0]
+    nnz, br, bc = data.shape
+    n_block_rows, n_block_cols = row_offsets.numel() - 1, col_offsets_t.numel() - 1
+    acc = _accumulation_dtype(x.dtype)
+    y = torch.zeros((m, n_block_rows, br), dtype=acc, device=x.device)
+    if nnz:
+        xb = x.reshape(m, n_block_cols, bc)
+        weight_t = data.to(acc).transpose(1, 2)  # [nnz, BC, BR]
+        rows, cols = row_indices.long(), col_indices.long()
+        for start, stop in _row_chunks(m, nnz * bc):
+            gathered = xb[start:stop].to(acc).index_select(1, cols).transpose(0, 1)  # [nnz, m, BC]
+            products = torch.bmm(gathered, weight_t)  # [nnz, m, BR]
+            y[start:stop].index_add_(1, rows, products.transpose(0, 1))
+    y = y.view(m, n_block_rows * br)
+    if bias is not None:
+        y += bias.to(acc)
+    return y.to(x.dtype)
+
+
+def dds(dy: torch.Tensor, data: torch.Tensor, row_offsets: torch.Tensor, col_indices: torch.Tensor,
+        row_indices: torch.Tensor, col_offsets_t: torch.Tensor, row_indices_t: torch.Tensor,
+        perm_t: torch.Tensor) -> torch.Tensor:
+    """dx = dy W through the column-major index. dy: (M, N) -> (M, K) in dy's dtype."""
+    m = dy.shape[0]
+    nnz, br, bc = data.shape
+    n_block_rows, n_block_cols = row_offsets.numel() - 1, col_offsets_t.numel() - 1
+    acc = _accumulation_dtype(dy.dtype)
+    dx = torch.zeros((m, n_block_cols, bc), dtype=acc, device=dy.device)
+    if nnz:
+        dyb = dy.reshape(m, n_block_rows, br)
+        weight = data.to(acc).index_select(0, perm_t.long())  # [nnz, BR, BC], column-major order
+        rows = row_indices_t.long()
+        cols = torch.repeat_interleave(torch.arange(n_block_cols, device=dy.device),
+                                       (col_offsets_t[1:] - col_offsets_t[:-1]).long())
+        for start, stop in _row_chunks(m, nnz * br):
+            gathered = dyb[start:stop].to(acc).index_select(1, rows).transpose(0, 1)  # [nnz, m, BR]
+            products = torch.bmm(gathered, weight)  # [nnz, m, BC]
+            dx[start:stop].index_add_(1, cols, products.transpose(0, 1))
+    return dx.view(m, n_block_cols * bc).to(dy.dtype)
+
+
+def sdd(dy: torch.Tensor, x: torch.Tensor, row_offsets: torch.Tensor, col_indices: torch.Tensor,
+        row_indices: torch.Tensor, col_offsets_t: torch.Tensor, row_indices_t: torch.Tensor,
+        perm_t: torch.Tensor, block_shape) -> torch.Tensor:
+    """dW_b = dyᵀ x on the kept blocks only. dy: (M, N), x: (M, K) -> [nnz, BR, BC] in x's dtype."""
+    m = x.shape[0]
+    br, bc = block_shape
+    nnz = col_indices.numel()
+    n_block_rows, n_block_cols = row_offsets.numel() - 1, col_offsets_t.numel() - 1
+    acc = _accumulation_dtype(x.dtype)
+    grad = torch.zeros((nnz, br, bc), dtype=acc, device=x.device)
+    if nnz:
+        dyb = dy.reshape(m, n_block_rows, br)
+        xb = x.reshape(m, n_block_cols, bc)
+        rows, cols = row_indices.long(), col_indices.long()
+        for start, stop in _row_chunks(m, nnz * (br + bc)):
+            g_dy = dyb[start:stop].to(acc).index_select(1, rows).permute(1, 2, 0)  # [nnz, BR, m]
+            g_x = xb[start:stop].to(acc).index_select(1, cols).transpose(0, 1)  # [nnz, m, BC]
+            grad.baddbmm_(g_dy, g_x)
+    return grad.to(x.dtype)
