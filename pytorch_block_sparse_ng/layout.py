@@ -304,48 +304,56 @@ class BlockSparseMatrix(nn.Module):
 
     def validate(self) -> "BlockSparseMatrix":
         """Check that every index is consistent with the others (costs a host sync). Raises ValueError."""
-        n_rows, n_cols = self.grid
-        nnz = self.nnz_blocks
-        for name in INDEX_NAMES:
-            index = getattr(self, name)
-            if index.dtype != _INDEX_DTYPE:
-                raise ValueError(f"BlockSparseMatrix: {name}.dtype={index.dtype} must be torch.int32")
-            if index.device != self.device:
-                raise ValueError(f"BlockSparseMatrix: {name} is on {index.device} but data is on {self.device}")
         if tuple(self.data.shape[1:]) != self.block_shape:
             raise ValueError(f"BlockSparseMatrix: data.shape={tuple(self.data.shape)} must end in "
                              f"block_shape={self.block_shape}")
-        if (n_rows * self.block_shape[0], n_cols * self.block_shape[1]) != tuple(self.shape):
-            raise ValueError(f"BlockSparseMatrix: row_offsets/col_offsets_t describe a {n_rows}x{n_cols} grid, "
-                             f"not shape={tuple(self.shape)} with block_shape={self.block_shape}")
-        for name in ("col_indices", "row_indices", "row_indices_t", "perm_t"):
-            if getattr(self, name).shape != (nnz,):
-                raise ValueError(f"BlockSparseMatrix: {name}.shape={tuple(getattr(self, name).shape)} must be "
-                                 f"({nnz},), one entry per block of data")
-        mask = torch.zeros(n_rows, n_cols, dtype=torch.bool, device=self.device)
-        if nnz:
-            rows, cols = self.row_indices.long(), self.col_indices.long()
-            if rows.min() < 0 or rows.max() >= n_rows or cols.min() < 0 or cols.max() >= n_cols:
-                raise ValueError(f"BlockSparseMatrix: block indices must lie in the {n_rows}x{n_cols} grid")
-            mask[rows, cols] = True
-            if int(mask.sum()) != nnz:
-                raise ValueError("BlockSparseMatrix: the index holds the same block position twice")
-        expected = indices_from_block_mask(mask)
-        for name in INDEX_NAMES:
-            if not torch.equal(expected[name], getattr(self, name)):
-                raise ValueError(f"BlockSparseMatrix: {name} is inconsistent with the block positions "
-                                 f"(rebuild the matrix with from_block_mask)")
+        check_indices(self.shape, self.block_shape, self.nnz_blocks, {n: getattr(self, n) for n in INDEX_NAMES},
+                      self.device)
         return self
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Indices that do not fit together would compute silently wrong results: refuse them before any
+        # tensor of this module is overwritten.
+        names = ("data",) + INDEX_NAMES
+        if all(prefix + name in state_dict for name in names):
+            data = state_dict[prefix + "data"]
+            if tuple(data.shape[1:]) == self.block_shape:
+                check_indices(self.shape, self.block_shape, data.shape[0],
+                              {n: state_dict[prefix + n] for n in INDEX_NAMES}, None)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        # A checkpoint whose indices do not fit the blocks would compute silently wrong results: refuse it.
-        if all(prefix + name in state_dict for name in INDEX_NAMES):
-            self.validate()
 
     def extra_repr(self) -> str:
         return (f"shape={tuple(self.shape)}, block_shape={self.block_shape}, nnz_blocks={self.nnz_blocks}, "
                 f"density={self.density:.4g}")
+
+
+def check_indices(shape, block_shape, nnz: int, indices: dict, device) -> None:
+    """Raise ValueError unless ``indices`` (name -> tensor, layout.INDEX_NAMES) describe ``nnz`` distinct
+    blocks of a ``shape`` matrix of ``block_shape`` blocks, every tensor consistent with the others."""
+    n_rows, n_cols = block_grid(shape, block_shape)
+    for name in INDEX_NAMES:
+        index = indices[name]
+        if index.dtype != _INDEX_DTYPE:
+            raise ValueError(f"BlockSparseMatrix: {name}.dtype={index.dtype} must be torch.int32")
+        if device is not None and index.device != device:
+            raise ValueError(f"BlockSparseMatrix: {name} is on {index.device} but data is on {device}")
+        expected = (n_rows + 1,) if name == "row_offsets" else (n_cols + 1,) if name == "col_offsets_t" else (nnz,)
+        if tuple(index.shape) != expected:
+            raise ValueError(f"BlockSparseMatrix: {name}.shape={tuple(index.shape)} must be {expected} for a "
+                             f"{n_rows}x{n_cols} block grid with {nnz} blocks")
+    mask = torch.zeros(n_rows, n_cols, dtype=torch.bool, device=indices["row_indices"].device)
+    if nnz:
+        rows, cols = indices["row_indices"].long(), indices["col_indices"].long()
+        if rows.min() < 0 or rows.max() >= n_rows or cols.min() < 0 or cols.max() >= n_cols:
+            raise ValueError(f"BlockSparseMatrix: block indices must lie in the {n_rows}x{n_cols} grid")
+        mask[rows, cols] = True
+        if int(mask.sum()) != nnz:
+            raise ValueError("BlockSparseMatrix: the index holds the same block position twice")
+    expected_indices = indices_from_block_mask(mask)
+    for name in INDEX_NAMES:
+        if not torch.equal(expected_indices[name], indices[name].to(mask.device)):
+            raise ValueError(f"BlockSparseMatrix: {name} is inconsistent with the block positions "
+                             f"(rebuild the matrix with from_block_mask)")
 
 
 def gather_blocks(dense: torch.Tensor, block_mask: torch.Tensor, block_shape) -> torch.Tensor:

@@ -1,0 +1,201 @@
+"""The block-sparse format: indices, constructors, conversions, validation and serialisation."""
+
+import io
+
+import pytest
+import torch
+
+from pytorch_block_sparse_ng import BlockSparseMatrix
+from pytorch_block_sparse_ng.layout import INDEX_NAMES, indices_from_block_mask
+
+MASK = torch.tensor([[0, 1, 0, 1],
+                     [0, 0, 0, 0],  # an empty block row
+                     [1, 1, 0, 0]], dtype=torch.bool)  # block column 2 is empty too
+
+
+def test_indices_of_a_known_mask():
+    idx = indices_from_block_mask(MASK)
+    expected = dict(
+        row_offsets=[0, 2, 2, 4],
+        col_indices=[1, 3, 0, 1],
+        row_indices=[0, 0, 2, 2],
+        col_offsets_t=[0, 1, 3, 3, 4],
+        row_indices_t=[2, 0, 2, 0],  # column 0: (2,0); column 1: (0,1), (2,1); column 3: (0,3)
+        perm_t=[2, 0, 3, 1],
+    )
+    for name in INDEX_NAMES:
+        assert idx[name].dtype == torch.int32, name
+        assert idx[name].tolist() == expected[name], name
+
+
+def _random_mask(n_rows, n_cols, p, seed):
+    return torch.rand(n_rows, n_cols, generator=torch.Generator().manual_seed(seed)) < p
+
+
+@pytest.mark.parametrize("grid,p", [((1, 1), 1.0), ((1, 1), 0.0), ((5, 3), 0.0), ((5, 3), 1.0), ((6, 7), 0.3),
+                                    ((8, 2), 0.6), ((2, 9), 0.5)])
+@pytest.mark.parametrize("block_shape", [(4, 4), (2, 8), (8, 2)])
+def test_dense_round_trip_and_transposed_index(grid, p, block_shape):
+    mask = _random_mask(*grid, p, seed=grid[0] * 31 + grid[1])
+    shape = (grid[0] * block_shape[0], grid[1] * block_shape[1])
+    dense = torch.randn(shape, dtype=torch.float64) * mask.repeat_interleave(block_shape[0], 0).repeat_interleave(
+        block_shape[1], 1)
+    matrix = BlockSparseMatrix.from_block_mask(mask, block_shape, dense)
+    matrix.validate()
+    assert torch.equal(matrix.block_mask(), mask)
+    assert torch.equal(matrix.to_dense(), dense)
+    assert matrix.nnz_blocks == int(mask.sum())
+    # Each column-major entry points at the block it claims to be.
+    br, bc = block_shape
+    for c in range(grid[1]):
+        for k in range(int(matrix.col_offsets_t[c]), int(matrix.col_offsets_t[c + 1])):
+            r = int(matrix.row_indices_t[k])
+            block = dense[r * br:(r + 1) * br, c * bc:(c + 1) * bc]
+            assert torch.equal(matrix.data[int(matrix.perm_t[k])], block)
+
+
+def test_rectangular_blocks_to_dense_places_values():
+    mask = torch.tensor([[1, 0], [0, 1]], dtype=torch.bool)
+    data = torch.arange(2 * 32 * 64, dtype=torch.float32).view(2, 32, 64)
+    matrix = BlockSparseMatrix((64, 128), mask, data, block_shape=(32, 64))
+    dense = matrix.to_dense()
+    assert torch.equal(dense[:32, :64], data[0])
+    assert torch.equal(dense[32:, 64:], data[1])
+    assert dense[:32, 64:].abs().sum() == 0 and dense[32:, :64].abs().sum() == 0
+
+
+def test_constructors_count_density_and_blocks(generator):
+    a = BlockSparseMatrix.randn((64, 128), density=0.5, block_shape=(16, 32), generator=generator)
+    assert a.nnz_blocks == 8 and a.density == 0.5 and a.data.dtype == torch.float32
+    b = BlockSparseMatrix.zeros((64, 128), 3, block_shape=(16, 32))
+    assert b.nnz_blocks == 3 and b.data.abs().sum() == 0
+    c = BlockSparseMatrix.ones((64, 128), blocks=[(0, 1), (3, 3)], block_shape=(16, 32), dtype=torch.float64)
+    assert c.block_mask().nonzero().tolist() == [[0, 1], [3, 3]]
+    assert c.data.dtype == torch.float64 and torch.all(c.data == 1)
+    assert BlockSparseMatrix.zeros((64, 128), density=0.0, block_shape=(16, 32)).nnz_blocks == 0
+    assert BlockSparseMatrix.zeros((64, 128), density=1.0, block_shape=(16, 32)).nnz_blocks == 16
+    # density rounds to the nearest whole block count
+    assert BlockSparseMatrix.zeros((32, 224), density=0.5, block_shape=(32, 32)).nnz_blocks == 4
+
+
+def test_generator_makes_patterns_reproducible():
+    a = BlockSparseMatrix.randn((128, 128), density=0.3, generator=torch.Generator().manual_seed(7))
+    b = BlockSparseMatrix.randn((128, 128), density=0.3, generator=torch.Generator().manual_seed(7))
+    c = BlockSparseMatrix.randn((128, 128), density=0.3, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(a.block_mask(), b.block_mask()) and torch.equal(a.data, b.data)
+    assert not torch.equal(a.to_dense(), c.to_dense())
+
+
+def test_from_dense_keeps_blocks_of_largest_norm():
+    dense = torch.zeros(4, 6)
+    # block norms (blocks 2x2): (0,0)=4, (0,1)=1, (0,2)=3, (1,0)=0, (1,1)=2, (1,2)=5
+    for (r, c), v in {(0, 0): 2.0, (0, 1): 0.5, (0, 2): 1.5, (1, 1): 1.0, (1, 2): 2.5}.items():
+        dense[2 * r:2 * r + 2, 2 * c:2 * c + 2] = v
+    m = BlockSparseMatrix.from_dense(dense, (2, 2), density=0.5)
+    assert m.block_mask().tolist() == [[True, False, True], [False, False, True]]
+    assert torch.equal(m.to_dense(), dense * m.element_mask())
+    assert BlockSparseMatrix.from_dense(dense, (2, 2), block_count=1).block_mask().nonzero().tolist() == [[1, 2]]
+
+
+def test_from_dense_l1_and_l2_can_disagree():
+    dense = torch.zeros(2, 4)
+    dense[0, 0] = 3.0  # block 0: one large value -> l2 3, l1 3
+    dense[:, 2:] = 1.0  # block 1: four ones       -> l2 2, l1 4
+    assert BlockSparseMatrix.from_dense(dense, (2, 2), block_count=1, norm="l2").block_mask().tolist() == [[True, False]]
+    assert BlockSparseMatrix.from_dense(dense, (2, 2), block_count=1, norm="l1").block_mask().tolist() == [[False, True]]
+
+
+def test_block_norm_and_density():
+    m = BlockSparseMatrix.ones((8, 8), blocks=[(0, 0), (1, 1)], block_shape=(4, 4))
+    assert torch.allclose(m.block_norm(), torch.full((2,), 4.0))
+    assert torch.allclose(m.block_norm("l1"), torch.full((2,), 16.0))
+    assert m.density == 0.5 and m.grid == (2, 2)
+    with pytest.raises(ValueError, match="norm='l3'"):
+        m.block_norm("l3")
+
+
+def test_to_dense_is_differentiable_and_takes_replacement_data():
+    m = BlockSparseMatrix.randn((8, 8), blocks=[(0, 1), (1, 0)], block_shape=(4, 4))
+    m.to_dense().sum().backward()
+    assert torch.equal(m.data.grad, torch.ones_like(m.data))
+    replaced = m.to_dense(torch.full_like(m.data, 2.0))
+    assert torch.equal(replaced, 2.0 * m.element_mask().float())
+
+
+def test_module_conversions_keep_int32_indices():
+    m = BlockSparseMatrix.randn((64, 64), density=0.5, block_shape=(16, 16))
+    for converted in (m.half(), m.double(), m.to(torch.bfloat16)):
+        assert converted.data.dtype != torch.float32
+        assert all(converted.get_buffer(name).dtype == torch.int32 for name in INDEX_NAMES)
+    assert [n for n, _ in m.named_parameters()] == ["data"]
+    assert sorted(n for n, _ in m.named_buffers()) == sorted(INDEX_NAMES)
+
+
+def test_state_dict_round_trip_restores_pattern_and_values():
+    a = BlockSparseMatrix.randn((64, 64), block_count=5, block_shape=(16, 16), generator=torch.Generator().manual_seed(1))
+    b = BlockSparseMatrix.randn((64, 64), block_count=5, block_shape=(16, 16), generator=torch.Generator().manual_seed(2))
+    assert not torch.equal(a.to_dense(), b.to_dense())
+    buffer = io.BytesIO()
+    torch.save(a.state_dict(), buffer)
+    buffer.seek(0)
+    b.load_state_dict(torch.load(buffer))
+    assert torch.equal(a.to_dense(), b.to_dense())
+    b.validate()
+
+
+def test_corrupted_state_dict_is_refused():
+    a = BlockSparseMatrix.randn((64, 64), block_count=5, block_shape=(16, 16), generator=torch.Generator().manual_seed(5))
+    before = a.to_dense().clone()
+    corruptions = {
+        "col_indices": (lambda t: (t + 1) % 4, "inconsistent|twice"),
+        "row_indices": (lambda t: torch.full_like(t, 9), "must lie in the 4x4 grid"),
+        "perm_t": (lambda t: t.flip(0), "perm_t is inconsistent"),
+        "row_offsets": (lambda t: t[:-1], r"row_offsets.shape=\(4,\) must be \(5,\)"),
+        "col_offsets_t": (lambda t: t.long(), "must be torch.int32"),
+    }
+    for name, (corrupt, match) in corruptions.items():
+        state = {k: v.clone() for k, v in a.state_dict().items()}
+        state[name] = corrupt(state[name])
+        with pytest.raises(ValueError, match=match):
+            a.load_state_dict(state)
+        assert torch.equal(a.to_dense(), before), f"a refused {name} must leave the matrix as it was"
+        a.validate()
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(shape=(60, 64), density=0.5), r"shape\[0\]=60 must be a multiple of block_shape\[0\]=16"),
+    (dict(shape=(64, 70), density=0.5), r"shape\[1\]=70 must be a multiple of block_shape\[1\]=16"),
+    (dict(shape=(64, 64), density=1.5), r"density=1.5 must be in \[0, 1\]"),
+    (dict(shape=(64, 64), density=-0.1), r"density=-0.1 must be in \[0, 1\]"),
+    (dict(shape=(64, 64)), r"exactly one of block_count=None and density=None"),
+    (dict(shape=(64, 64), block_count=2, density=0.5), "exactly one"),
+    (dict(shape=(64, 64), block_count=17), r"block_count=17 must be an integer in \[0, 16\]"),
+    (dict(shape=(64, 64), blocks=[(0, 4)]), "must lie in the 4x4 block grid"),
+    (dict(shape=(64, 64), blocks=[(1, 1), (1, 1)]), "same position twice"),
+    (dict(shape=(64,), density=0.5), "must have two dimensions"),
+])
+def test_constructor_errors_name_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        BlockSparseMatrix.zeros(block_shape=(16, 16), **kwargs)
+
+
+@pytest.mark.parametrize("block_shape", [(0, 16), (16,), (16.5, 16), "32", (-16, 16)])
+def test_bad_block_shape_is_refused(block_shape):
+    with pytest.raises(ValueError, match="block_shape"):
+        BlockSparseMatrix.zeros((64, 64), density=0.5, block_shape=block_shape)
+
+
+def test_direct_constructor_checks_mask_and_data():
+    mask = torch.tensor([[True, False]])
+    with pytest.raises(ValueError, match=r"data.shape=\(2, 4, 4\) must be \(nnz_blocks, \*block_shape\) = \(1, 4, 4\)"):
+        BlockSparseMatrix((4, 8), mask, torch.zeros(2, 4, 4), (4, 4))
+    with pytest.raises(ValueError, match=r"block_mask.shape=\(1, 2\) must be the block grid \(2, 2\)"):
+        BlockSparseMatrix((8, 8), mask, torch.zeros(1, 4, 4), (4, 4))
+    with pytest.raises(TypeError, match="bool tensor"):
+        BlockSparseMatrix((4, 8), mask.int(), torch.zeros(1, 4, 4), (4, 4))
+    with pytest.raises(TypeError, match="floating point"):
+        BlockSparseMatrix((4, 8), mask, torch.zeros(1, 4, 4, dtype=torch.int64), (4, 4))
+    with pytest.raises(ValueError, match=r"dense.shape=\(4, 4\) must be \(4, 8\)"):
+        BlockSparseMatrix.from_block_mask(mask, (4, 4), torch.zeros(4, 4))
+    with pytest.raises(ValueError, match="block_mask alone"):
+        BlockSparseMatrix.from_dense(torch.zeros(4, 8), (4, 4), density=0.5, block_mask=mask)
