@@ -19,6 +19,7 @@ import regex
 import torch
 from torch import nn
 
+from .layout import check_block_shape, count_blocks
 from .masks import parse_nm
 from .modules import (BlockSparseLinear, MaskedLinear, PseudoBlockSparseLinear, SemiStructuredLinear,
                       _is_hf_conv1d, dense_weight_of)
@@ -58,7 +59,8 @@ class PatchReport(List[PatchRecord]):
         verb = "would replace" if self.dry_run else "replaced"
         lines = [f"{verb} {len(self)} layers: {self.params_before:,} -> {self.params_after:,} parameters"]
         for r in self:
-            lines.append(f"  {r.name}: {type(r.old_module).__name__} -> {r.new_module!r} "
+            new = f"{type(r.new_module).__name__}({r.new_module.extra_repr()})"
+            lines.append(f"  {r.name}: {type(r.old_module).__name__} -> {new} "
                          f"({r.params_before:,} -> {r.params_after:,})")
         return "\n".join(lines)
 
@@ -147,6 +149,12 @@ class ModelPatcher:
             if replacements[id(module)] is not None:
                 sites.append((name, module))
 
+        # A shared module is replaced under all of its names, matched or not, so that it stays shared.
+        sited = {name for name, _ in sites}
+        for name, module in model.named_modules(remove_duplicate=False):
+            if name and name not in sited and replacements.get(id(module)) is not None:
+                sites.append((name, module))
+
         if not any_rule_matched:
             layers = [layer["regexp"] for layer in self.get_patchable_layers(model, number_rewrite=True)]
             shown = ", ".join(layers[:20]) + (f", ... ({len(layers)} in all)" if len(layers) > 20 else "")
@@ -207,6 +215,8 @@ class BlockSparseModelPatcher(ModelPatcher):
             sparsity = patch_info.get("sparsity", "block")
             if sparsity != "block":
                 parse_nm(sparsity, "BlockSparseModelPatcher.add_pattern")
+            check_block_shape(patch_info.get("block_shape", (32, 32)), "BlockSparseModelPatcher.add_pattern")
+            count_blocks(1, density=patch_info.get("density", 0.5), owner="BlockSparseModelPatcher.add_pattern")
         super().add_pattern(pattern, patch_info)
 
     def _incompatible(self, name: str, message: str, patch_info: Dict[str, Any]) -> None:
