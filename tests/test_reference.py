@@ -10,6 +10,13 @@ from pytorch_block_sparse_ng import BlockSparseMatrix, reference
 from conftest import dtype_tols
 
 
+@pytest.fixture(autouse=True, params=["gather", "dense"])
+def strategy(request, monkeypatch):
+    """Every test runs with both strategies of reference.py forced."""
+    monkeypatch.setattr(reference, "DENSE_STRATEGY_MIN_DENSITY", 2.0 if request.param == "gather" else 0.0)
+    return request.param
+
+
 def _matrix(shape, block_shape, density, seed, dtype=torch.float64, empty_row=False):
     gen = torch.Generator().manual_seed(seed)
     n_rows, n_cols = shape[0] // block_shape[0], shape[1] // block_shape[1]
@@ -68,7 +75,7 @@ def test_zero_rows_of_input():
     assert torch.equal(reference.sdd(x, x, *w.indices(), (16, 16)), torch.zeros_like(w.data))
 
 
-def test_chunking_over_rows_gives_the_same_result(monkeypatch):
+def test_chunking_over_rows_gives_the_same_result(monkeypatch, strategy):
     w = _matrix((64, 96), (16, 32), 0.5, seed=5)
     x = torch.randn(50, 96, dtype=torch.float64)
     dy = torch.randn(50, 64, dtype=torch.float64)
