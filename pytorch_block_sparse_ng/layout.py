@@ -302,6 +302,42 @@ class BlockSparseMatrix(nn.Module):
         br, bc = self.block_shape
         return self.block_mask().repeat_interleave(br, 0).repeat_interleave(bc, 1)
 
+    @torch.no_grad()
+    def update_pattern(self, block_mask: torch.Tensor, new_block_values: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Move to another pattern with the same number of blocks, in place (for prune-and-regrow).
+
+        Blocks kept by both patterns keep their values; blocks new in ``block_mask`` get
+        ``new_block_values`` ([number of new blocks, BR, BC], in row-major order of the new blocks) or zeros.
+        ``data`` and the index buffers are written in place, so optimizers, CUDA graphs and DDP keep pointing
+        at the same tensors. Returns ``source`` ([nnz] int64): for each slot of the new ``data``, the slot
+        of the old ``data`` it came from, or -1 for a new block -- use it to move per-block optimizer state.
+        """
+        block_mask = block_mask.to(device=self.device, dtype=torch.bool)
+        if tuple(block_mask.shape) != self.grid:
+            raise ValueError(f"BlockSparseMatrix.update_pattern: block_mask.shape={tuple(block_mask.shape)} must be "
+                             f"the block grid {self.grid}")
+        nnz = int(block_mask.sum())
+        if nnz != self.nnz_blocks:
+            raise ValueError(f"BlockSparseMatrix.update_pattern: block_mask keeps {nnz} blocks, must keep "
+                             f"nnz_blocks={self.nnz_blocks} (the parameter's shape cannot change)")
+        old_slot = torch.full(self.grid, -1, dtype=torch.long, device=self.device)
+        old_slot[self.row_indices.long(), self.col_indices.long()] = torch.arange(nnz, device=self.device)
+        source = old_slot[block_mask]  # row-major order of the new pattern
+        is_new = source < 0
+        values = torch.zeros_like(self.data)
+        values[~is_new] = self.data[source[~is_new]]
+        n_new = int(is_new.sum())
+        if new_block_values is not None:
+            if tuple(new_block_values.shape) != (n_new, *self.block_shape):
+                raise ValueError(f"BlockSparseMatrix.update_pattern: new_block_values.shape="
+                                 f"{tuple(new_block_values.shape)} must be ({n_new}, *block_shape) for the "
+                                 f"{n_new} new blocks")
+            values[is_new] = new_block_values.to(values)
+        self.data.copy_(values)
+        for name, index in indices_from_block_mask(block_mask).items():
+            getattr(self, name).copy_(index)
+        return source
+
     def validate(self) -> "BlockSparseMatrix":
         """Check that every index is consistent with the others (costs a host sync). Raises ValueError."""
         if tuple(self.data.shape[1:]) != self.block_shape:

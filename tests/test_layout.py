@@ -199,3 +199,22 @@ def test_direct_constructor_checks_mask_and_data():
         BlockSparseMatrix.from_block_mask(mask, (4, 4), torch.zeros(4, 4))
     with pytest.raises(ValueError, match="block_mask alone"):
         BlockSparseMatrix.from_dense(torch.zeros(4, 8), (4, 4), density=0.5, block_mask=mask)
+
+
+def test_update_pattern_keeps_surviving_blocks_in_place():
+    m = BlockSparseMatrix.randn((12, 12), blocks=[(0, 0), (1, 2), (2, 1)], block_shape=(4, 4))
+    data_ptr, before = m.data.data_ptr(), m.to_dense().clone()
+    new_mask = torch.tensor([[False, True, False], [False, False, True], [True, False, False]])
+    new_values = torch.full((2, 4, 4), 7.0)
+    source = m.update_pattern(new_mask, new_values)
+    m.validate()
+    assert m.data.data_ptr() == data_ptr, "data must be updated in place"
+    assert torch.equal(m.block_mask(), new_mask)
+    assert source.tolist() == [-1, 1, -1]  # new pattern in row-major order: (0,1) new, (1,2) was slot 1, (2,0) new
+    dense = m.to_dense()
+    assert torch.equal(dense[4:8, 8:12], before[4:8, 8:12])
+    assert torch.all(dense[0:4, 4:8] == 7.0) and torch.all(dense[8:12, 0:4] == 7.0)
+    with pytest.raises(ValueError, match="must keep nnz_blocks=3"):
+        m.update_pattern(torch.ones(3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"new_block_values.shape=\(1, 4, 4\) must be \(2, \*block_shape\)"):
+        m.update_pattern(torch.eye(3, dtype=torch.bool), torch.zeros(1, 4, 4))
