@@ -216,5 +216,5 @@ def test_update_pattern_keeps_surviving_blocks_in_place():
     assert torch.all(dense[0:4, 4:8] == 7.0) and torch.all(dense[8:12, 0:4] == 7.0)
     with pytest.raises(ValueError, match="must keep nnz_blocks=3"):
         m.update_pattern(torch.ones(3, 3, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"new_block_values.shape=\(1, 4, 4\) must be \(2, \*block_shape\)"):
+    with pytest.raises(ValueError, match=r"new_block_values.shape=\(1, 4, 4\) must be \(3, \*block_shape\)"):
         m.update_pattern(torch.eye(3, dtype=torch.bool), torch.zeros(1, 4, 4))
