@@ -56,7 +56,8 @@ setup(
     install_requires=["torch>=2.4", "regex", "tqdm"],
     extras_require={
         "transformers": ["transformers>=4.40"],
-        "test": ["pytest", "transformers>=4.40", "safetensors", "nbclient", "nbformat", "ipykernel", "matplotlib"],
+        "test": ["pytest", "transformers>=4.40", "accelerate", "safetensors", "nbclient", "nbformat", "ipykernel",
+                 "matplotlib", "jupytext"],
         "benchmarks": ["matplotlib"],
     },
     ext_modules=ext_modules,

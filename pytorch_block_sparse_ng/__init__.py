@@ -8,6 +8,8 @@ from .masks import (block_mask_by_magnitude, block_scores, expand_block_mask, ma
                     top_blocks, vector_mask)
 from .modules import BlockSparseLinear, MaskedLinear, PseudoBlockSparseLinear, SemiStructuredLinear
 from .patcher import BlockSparseModelPatcher, ModelPatcher, PatchRecord, PatchReport
+from .serialization import (from_pretrained, load_sparse_state_dict, record_layout, restore_sparse_layers,
+                            save_pretrained, save_sparse_state_dict, sparse_layout)
 
 __version__ = "0.2.0.dev0"
 
@@ -35,5 +37,12 @@ __all__ = [
     "get_backend",
     "use_backend",
     "kernels_available",
+    "sparse_layout",
+    "record_layout",
+    "restore_sparse_layers",
+    "save_sparse_state_dict",
+    "load_sparse_state_dict",
+    "save_pretrained",
+    "from_pretrained",
     "__version__",
 ]

@@ -164,6 +164,9 @@ class ModelPatcher:
             for name, module in sites:
                 parent_name, _, child_name = name.rpartition(".")
                 setattr(model.get_submodule(parent_name), child_name, replacements[id(module)])
+            if report:  # transformers models: keep the sparse layout in model.config for save_pretrained
+                from .serialization import _note_replaced  # serialization imports this package's modules
+                _note_replaced(model, {r.name: type(r.old_module).__name__ for r in report})
         return report
 
 
