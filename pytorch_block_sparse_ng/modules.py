@@ -259,15 +259,29 @@ class SemiStructuredLinear(MaskedLinear):
         self._compress_error: Optional[str] = None
 
     @classmethod
-    def from_dense(cls, linear: nn.Module, sparsity="2:4", *, use_sparse_kernels: bool = True) -> "SemiStructuredLinear":
-        """Prune a trained ``nn.Linear`` (or transformers ``Conv1D``) to N:M by magnitude along the inputs."""
+    def from_dense(cls, linear: nn.Module, sparsity="2:4", *, use_sparse_kernels: bool = True,
+                   mask: Optional[torch.Tensor] = None) -> "SemiStructuredLinear":
+        """Prune a trained ``nn.Linear`` (or transformers ``Conv1D``) to N:M by magnitude along the inputs,
+        or with a precomputed bool ``mask`` (out_features, in_features) that keeps at most N of every M
+        consecutive weights along the inputs (e.g. from a Wanda score or a transposable 2:4 mask)."""
         n, m = parse_nm(sparsity, "SemiStructuredLinear.from_dense")
         dense, dense_bias = dense_weight_of(linear)
         if dense.shape[1] % m:
             raise ValueError(f"SemiStructuredLinear.from_dense: in_features={dense.shape[1]} must be a multiple of "
                              f"M={m} for sparsity {n}:{m}")
+        if mask is None:
+            mask = nm_mask(dense, (n, m), dim=1)
+        else:
+            if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != dense.shape:
+                got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+                raise ValueError(f"SemiStructuredLinear.from_dense: mask must be bool of shape {tuple(dense.shape)} "
+                                 f"(out_features, in_features), got {got}")
+            most = int(mask.reshape(-1, m).sum(1).max()) if mask.numel() else 0
+            if most > n:
+                raise ValueError(f"SemiStructuredLinear.from_dense: mask keeps {most} weights in a group of M={m} "
+                                 f"consecutive inputs; sparsity {n}:{m} allows at most N={n}")
         layer = cls.__new__(cls)
-        MaskedLinear.__init__(layer, dense.detach(), dense_bias, nm_mask(dense, (n, m), dim=1))
+        MaskedLinear.__init__(layer, dense.detach(), dense_bias, mask.to(dense.device))
         layer._init_semi_structured((n, m), use_sparse_kernels)
         return layer
 

@@ -170,7 +170,8 @@ class ModelPatcher:
         return report
 
 
-_BLOCK_KEYS = {"density", "block_shape", "sparsity", "init", "norm", "pseudo_linear", "skip_incompatible"}
+_BLOCK_KEYS = {"density", "block_shape", "sparsity", "init", "norm", "pseudo_linear", "skip_incompatible",
+               "block_mask", "mask"}
 _INITS = ("magnitude", "random")
 
 
@@ -188,6 +189,11 @@ class BlockSparseModelPatcher(ModelPatcher):
         pseudo_linear (False): a ``PseudoBlockSparseLinear`` (masked dense, same function) for debugging.
         skip_incompatible (the patcher's default): skip a layer whose sizes the blocks (or M) do not divide,
             with a warning, instead of raising a ValueError.
+        block_mask (None): a precomputed bool [out/BR, in/BC] pattern to keep, with the trained values
+            (block sparsity, init "magnitude"; replaces density). Made for rules that match one layer, as
+            ``pruning.prune_model`` writes them.
+        mask (None): a precomputed bool (out_features, in_features) N:M mask (at most N of every M inputs
+            kept), for ``sparsity="N:M"`` and init "magnitude".
     """
 
     def __init__(self, skip_incompatible: bool = False):
@@ -220,6 +226,18 @@ class BlockSparseModelPatcher(ModelPatcher):
                 parse_nm(sparsity, "BlockSparseModelPatcher.add_pattern")
             check_block_shape(patch_info.get("block_shape", (32, 32)), "BlockSparseModelPatcher.add_pattern")
             count_blocks(1, density=patch_info.get("density", 0.5), owner="BlockSparseModelPatcher.add_pattern")
+            for key, kind in (("block_mask", "block"), ("mask", "N:M")):
+                given = patch_info.get(key)
+                if given is None:
+                    continue
+                if not isinstance(given, torch.Tensor) or given.dtype != torch.bool or given.dim() != 2:
+                    raise ValueError(f"BlockSparseModelPatcher.add_pattern: {key} for {pattern!r} must be a 2-D bool "
+                                     f"tensor, got {getattr(given, 'dtype', type(given).__name__)}")
+                if (sparsity == "block") != (kind == "block") or init != "magnitude" or "density" in patch_info:
+                    raise ValueError(f"BlockSparseModelPatcher.add_pattern: {key} for {pattern!r} needs "
+                                     f"sparsity={'block' if kind == 'block' else 'N:M'!r}, init='magnitude' and no "
+                                     f"density (got sparsity={sparsity!r}, init={init!r}, "
+                                     f"density={patch_info.get('density')!r})")
         super().add_pattern(pattern, patch_info)
 
     def _incompatible(self, name: str, message: str, patch_info: Dict[str, Any]) -> None:
@@ -243,7 +261,7 @@ class BlockSparseModelPatcher(ModelPatcher):
                 return self._incompatible(child_module_name, f"in_features={in_features} is not a multiple of "
                                           f"M={m} (sparsity {n}:{m})", patch_info)
             if init == "magnitude":
-                return SemiStructuredLinear.from_dense(child_module, (n, m))
+                return SemiStructuredLinear.from_dense(child_module, (n, m), mask=patch_info.get("mask"))
             return SemiStructuredLinear(in_features, out_features, bias is not None, sparsity=(n, m), **factory)
 
         block_shape = tuple(patch_info.get("block_shape", (32, 32)))
@@ -254,7 +272,16 @@ class BlockSparseModelPatcher(ModelPatcher):
                 return self._incompatible(child_module_name, f"{label}={size} is not a multiple of "
                                           f"block_shape[{axis}]={block_shape[axis]} (block_shape={block_shape})",
                                           patch_info)
-        if init == "magnitude":
+        if patch_info.get("block_mask") is not None:
+            block_mask = patch_info["block_mask"]
+            grid = (out_features // block_shape[0], in_features // block_shape[1])
+            if tuple(block_mask.shape) != grid:
+                raise ValueError(f"{type(self).__name__}: cannot patch '{child_module_name}': block_mask.shape="
+                                 f"{tuple(block_mask.shape)} must be the block grid {grid} of weight "
+                                 f"{(out_features, in_features)} with block_shape={block_shape}")
+            new_module = BlockSparseLinear.from_dense(child_module, block_shape=block_shape,
+                                                      block_mask=block_mask.to(weight.device))
+        elif init == "magnitude":
             new_module = BlockSparseLinear.from_dense(child_module, density, block_shape,
                                                       norm=patch_info.get("norm", "l2"))
         else:
