@@ -8,6 +8,10 @@ from .masks import (block_mask_by_magnitude, block_scores, expand_block_mask, ma
                     top_blocks, vector_mask)
 from .modules import BlockSparseLinear, MaskedLinear, PseudoBlockSparseLinear, SemiStructuredLinear
 from .patcher import BlockSparseModelPatcher, ModelPatcher, PatchRecord, PatchReport
+from .pruning import (GradualPruner, GradualPruningCallback, LayerMask, MagnitudeSparseOptimizerStrategy,
+                      PruningResult, RigLSparseOptimizerStrategy, SparseOptimizer, apply_masks, collect_input_norms,
+                      compare_transposable, compute_masks, convert_masked_model, cubic_density,
+                      drop_fraction_schedule, kept_magnitude, prune_model, remove_masks, transposable_nm_mask)
 from .serialization import (from_pretrained, load_sparse_state_dict, record_layout, restore_sparse_layers,
                             save_pretrained, save_sparse_state_dict, sparse_layout)
 
@@ -44,5 +48,23 @@ __all__ = [
     "load_sparse_state_dict",
     "save_pretrained",
     "from_pretrained",
+    "prune_model",
+    "compute_masks",
+    "PruningResult",
+    "LayerMask",
+    "collect_input_norms",
+    "apply_masks",
+    "remove_masks",
+    "convert_masked_model",
+    "GradualPruner",
+    "GradualPruningCallback",
+    "cubic_density",
+    "SparseOptimizer",
+    "MagnitudeSparseOptimizerStrategy",
+    "RigLSparseOptimizerStrategy",
+    "drop_fraction_schedule",
+    "transposable_nm_mask",
+    "kept_magnitude",
+    "compare_transposable",
     "__version__",
 ]
