@@ -1,0 +1,296 @@
+"""Dense F.linear (cuBLAS) against BlockSparseLinear and its peers, side by side on one GPU.
+
+Times y = x Wᵀ + b (forward) and a training step (forward + grad input + grad weight + grad bias) with CUDA
+events: median of --reps timings after warm-up. Decode shapes (M = 1, 16) are timed as a CUDA graph of
+--graph-calls forward calls, reported per call. Peers, when importable: PyTorch BSR
+(torch.sparse._triton_ops.bsr_dense_mm, forward only) and STK (stanford-stk, block 128: dds for the forward,
+dds + dds + sdd for the training step).
+
+speedup = dense time (same dtype, same run) / method time. Each BlockSparseLinear configuration is also checked
+against F.linear on its dense weight (max relative error, in the JSON) so that no broken kernel is timed.
+
+    python benchmarks/bench_linear.py --out benchmarks/results            # full grid (a few minutes)
+    python benchmarks/bench_linear.py --quick --out /tmp/bench            # one shape, block 64, bf16
+
+Writes bench_linear_<GPU>.json / .md / .png into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from pytorch_block_sparse_ng import BlockSparseLinear, backend  # noqa: E402
+
+SHAPES = ((8192, 4096, 4096), (16384, 1024, 4096), (6144, 3072, 768))  # (M tokens, in_features, out_features)
+DECODE = ((1, 4096, 4096), (16, 4096, 4096))
+DENSITIES = (0.1, 0.25, 0.5, 1.0)
+BLOCKS = (32, 64, 128)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def time_ms(fn, warmup, reps):
+    """Median of `reps` CUDA-event timings of fn() after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+def time_graph_ms(fn, calls, reps):
+    """Per-call time of fn() replayed `calls` times inside one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return time_ms(graph.replay, 3, reps) / calls
+
+
+def rel_err(out, ref):
+    return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+
+
+def try_import_stk():
+    try:
+        import stk  # noqa: F401
+
+        return stk
+    except Exception as error:  # noqa: BLE001 - any failure means "not available"
+        print(f"[bench] STK not importable: {error}")
+        return None
+
+
+def bsr_forward(weight_dense, block):
+    from torch.sparse._triton_ops import bsr_dense_mm
+
+    bsr = weight_dense.to_sparse_bsr((block, block))
+    return lambda x: bsr_dense_mm(bsr, x.t())  # (N, M) = W xᵀ
+
+
+def run(args):
+    device = torch.device("cuda")
+    gpu = torch.cuda.get_device_name(device)
+    assert backend.kernels_available(), "the CUDA extension is not built: pip install --no-build-isolation -e ."
+    stk = try_import_stk() if not args.no_peers else None
+    records = []
+
+    def record(**kw):
+        records.append(kw)
+        fields = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in kw.items())
+        print(fields, flush=True)
+
+    shapes = [s for s in SHAPES if s in args.shapes] + [s for s in DECODE if s in args.shapes]
+    for dtype_name in args.dtypes:
+        dtype = DTYPES[dtype_name]
+        for (m, k, n) in shapes:
+            decode = m <= 16
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            x = torch.randn(m, k, device=device, dtype=dtype, generator=gen)
+            dy = torch.randn(m, n, device=device, dtype=dtype, generator=gen)
+            w = (torch.randn(n, k, device=device, dtype=dtype, generator=gen) / k ** 0.5).requires_grad_(True)
+            b = torch.zeros(n, device=device, dtype=dtype, requires_grad=True)
+            xg = x.clone().requires_grad_(True)
+            common = dict(gpu=gpu, dtype=dtype_name, m=m, k=k, n=n)
+
+            def timed(fn):
+                if decode:
+                    return time_graph_ms(fn, args.graph_calls, args.reps)
+                return time_ms(fn, args.warmup, args.reps)
+
+            with torch.no_grad():
+                dense_fwd = timed(lambda: F.linear(x, w, b))
+            record(**common, method="dense", block=0, density=1.0, phase="forward", ms=dense_fwd, speedup=1.0)
+            dense_train = None
+            if not decode:
+                def dense_step():
+                    y = F.linear(xg, w, b)
+                    torch.autograd.grad(y, (xg, w, b), dy)
+
+                dense_train = timed(dense_step)
+                record(**common, method="dense", block=0, density=1.0, phase="train", ms=dense_train, speedup=1.0)
+
+            for block in args.blocks:
+                for density in args.densities:
+                    layer = BlockSparseLinear(k, n, density=density, block_shape=(block, block), device=device,
+                                              dtype=dtype, generator=torch.Generator().manual_seed(1))
+                    with torch.no_grad():
+                        err = rel_err(layer(x), F.linear(x, layer.weight.to_dense(), layer.bias))
+                        fwd = timed(lambda: layer(x))
+                    record(**common, method="ours", block=block, density=density, phase="forward", ms=fwd,
+                           speedup=dense_fwd / fwd, rel_err=err)
+                    if not decode:
+                        params = (xg, layer.weight.data, layer.bias)
+
+                        def step():
+                            y = layer(xg)
+                            torch.autograd.grad(y, params, dy)
+
+                        train = timed(step)
+                        record(**common, method="ours", block=block, density=density, phase="train", ms=train,
+                               speedup=dense_train / train)
+                    dense_masked = layer.weight.to_dense().detach()
+                    del layer
+                    if args.no_peers or decode:
+                        continue
+                    if density < 1.0 or block == 128:
+                        try:
+                            mm = bsr_forward(dense_masked, block)
+                            t = timed(lambda: mm(x))
+                            record(**common, method="torch_bsr", block=block, density=density, phase="forward", ms=t,
+                                   speedup=dense_fwd / t, rel_err=rel_err(mm(x).t(), F.linear(x, dense_masked)))
+                        except Exception as error:  # noqa: BLE001
+                            record(**common, method="torch_bsr", block=block, density=density, phase="forward",
+                                   error=f"{type(error).__name__}: {str(error)[:120]}")
+                    if stk is not None and block == 128:
+                        try:
+                            sw = stk.ops.to_sparse(dense_masked, blocking=128)
+                            swt = sw.t()
+                            t = timed(lambda: stk.ops.dds(x, swt))
+                            err = rel_err(stk.ops.dds(x, swt), F.linear(x, dense_masked))
+                            record(**common, method="stk", block=128, density=density, phase="forward", ms=t,
+                                   speedup=dense_fwd / t, rel_err=err)
+                            dyt = dy.t()
+
+                            def stk_step():
+                                stk.ops.dds(x, swt)
+                                stk.ops.dds(dy, sw)
+                                stk.ops.sdd(dyt, x, sw)
+                                dy.sum(0)
+
+                            t = timed(stk_step)
+                            record(**common, method="stk", block=128, density=density, phase="train", ms=t,
+                                   speedup=dense_train / t)
+                        except Exception as error:  # noqa: BLE001
+                            record(**common, method="stk", block=128, density=density, phase="forward",
+                                   error=f"{type(error).__name__}: {str(error)[:120]}")
+            del x, dy, w, b, xg
+            torch.cuda.empty_cache()
+    return gpu, records
+
+
+def markdown(gpu, records, args):
+    lines = [f"# BlockSparseLinear vs dense on {gpu}", "",
+             f"torch {torch.__version__}, CUDA {torch.version.cuda}; median of {args.reps} CUDA-event timings; "
+             f"decode shapes per call inside a CUDA graph of {args.graph_calls} calls. Cells: speedup over dense "
+             "F.linear in the same dtype (time in ms).", ""]
+    keys = sorted({(r["dtype"], r["m"], r["k"], r["n"]) for r in records}, key=lambda t: (t[0], -t[1] * t[2] * t[3]))
+    for dtype, m, k, n in keys:
+        rows = [r for r in records if (r["dtype"], r["m"], r["k"], r["n"]) == (dtype, m, k, n)]
+        dense = {r["phase"]: r["ms"] for r in rows if r["method"] == "dense"}
+        lines += [f"## {dtype}, M={m}, in={k}, out={n}  (dense forward {dense.get('forward', float('nan')):.4f} ms"
+                  + (f", training step {dense['train']:.4f} ms)" if "train" in dense else ")"), "",
+                  "| method | phase | block | " + " | ".join(f"d={d}" for d in args.densities) + " |",
+                  "|---|---|---|" + "---|" * len(args.densities)]
+        combos = sorted({(r["method"], r["phase"], r["block"]) for r in rows if r["method"] != "dense"},
+                        key=lambda c: (c[0] != "ours", c[0], c[1], c[2]))
+        for method, phase, block in combos:
+            cells = []
+            for d in args.densities:
+                hit = [r for r in rows if (r["method"], r["phase"], r["block"], r["density"]) == (method, phase, block, d)]
+                if not hit:
+                    cells.append("")
+                elif "error" in hit[0]:
+                    cells.append("error")
+                else:
+                    cells.append(f"{hit[0]['speedup']:.2f}x ({hit[0]['ms']:.3f})")
+            lines.append(f"| {method} | {phase} | {block} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(gpu, records, path, args):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[bench] matplotlib not importable: no plot")
+        return False
+    keys = sorted({(r["m"], r["k"], r["n"]) for r in records if r["dtype"] == args.dtypes[0]},
+                  key=lambda t: -t[0] * t[1] * t[2])
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
+    for ax, (m, k, n) in zip(axes[0], keys):
+        rows = [r for r in records if (r["m"], r["k"], r["n"], r["dtype"]) == (m, k, n, args.dtypes[0])
+                and "speedup" in r and r["method"] != "dense"]
+        for method, phase, block in sorted({(r["method"], r["phase"], r["block"]) for r in rows}):
+            pts = sorted((r["density"], r["speedup"]) for r in rows
+                         if (r["method"], r["phase"], r["block"]) == (method, phase, block))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                    linestyle="-" if phase == "forward" else "--", label=f"{method} {phase} b{block}")
+        ax.axhline(1.0, color="k", linewidth=0.8)
+        ax.set_title(f"M={m}, {k}->{n}, {args.dtypes[0]}")
+        ax.set_xlabel("density (fraction of blocks kept)")
+        ax.set_ylabel("speedup over dense F.linear")
+        ax.legend(fontsize=6)
+    fig.suptitle(gpu)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument("--quick", action="store_true", help="one shape (8192, 4096, 4096), block 64, bf16")
+    parser.add_argument("--dtypes", default="bf16,fp16")
+    parser.add_argument("--blocks", default=",".join(map(str, BLOCKS)))
+    parser.add_argument("--densities", default=",".join(map(str, DENSITIES)))
+    parser.add_argument("--shapes", default=None, help="e.g. 8192x4096x4096,1x4096x4096 (M x in x out)")
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--graph-calls", type=int, default=20)
+    parser.add_argument("--no-peers", action="store_true", help="skip PyTorch BSR and STK")
+    args = parser.parse_args(argv)
+    args.dtypes = args.dtypes.split(",")
+    args.blocks = [int(b) for b in args.blocks.split(",")]
+    args.densities = [float(d) for d in args.densities.split(",")]
+    if args.shapes:
+        args.shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    else:
+        args.shapes = list(SHAPES) + list(DECODE)
+    if args.quick:
+        args.dtypes, args.blocks, args.shapes = ["bf16"], [64], [(8192, 4096, 4096), (1, 4096, 4096)]
+        args.densities, args.reps = [0.1, 0.25, 0.5, 1.0], 15
+    if not torch.cuda.is_available():
+        sys.exit("bench_linear.py needs a CUDA GPU")
+    started = time.time()
+    gpu, records = run(args)
+    name = re.sub(r"[^A-Za-z0-9]+", "_", gpu).strip("_")
+    os.makedirs(args.out, exist_ok=True)
+    base = os.path.join(args.out, f"bench_linear_{name}")
+    meta = dict(gpu=gpu, torch=torch.__version__, cuda=torch.version.cuda, reps=args.reps,
+                graph_calls=args.graph_calls, seconds=round(time.time() - started, 1), quick=args.quick)
+    with open(base + ".json", "w") as handle:
+        json.dump(dict(meta=meta, records=records), handle, indent=1)
+    text = markdown(gpu, records, args)
+    with open(base + ".md", "w") as handle:
+        handle.write(text + "\n")
+    plot(gpu, records, base + ".png", args)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

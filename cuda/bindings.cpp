@@ -1,0 +1,237 @@
+// pytorch_block_sparse_ng._C: the one PYBIND11_MODULE. Each function checks every argument (device, dtype,
+// contiguity, alignment, shapes, index dtypes and sizes), fills a plain params struct and calls the launcher
+// on PyTorch's current stream. No host synchronisation; the only allocations are the outputs (and the fp32
+// partial sums of a split sdd). Index *contents* are trusted: they come from layout.py.
+//
+// Wrapped as torch.library custom ops by pytorch_block_sparse_ng/_ops.py, the only importer of this module.
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "block_sparse/params.h"
+#include "checks.h"
+
+// cuda_build.py passes the arch list as a pp-number such as 80_90a (no quotes or ';' survive the ninja
+// command line); it is turned into the string "80_90a" here.
+#define PBSNG_STR2(x) #x
+#define PBSNG_STR(x) PBSNG_STR2(x)
+#ifdef PBSNG_ARCHS_TOKEN
+#define PBSNG_BUILD_ARCHS PBSNG_STR(PBSNG_ARCHS_TOKEN)
+#else
+#define PBSNG_BUILD_ARCHS "unknown"
+#endif
+
+namespace pbsng {
+namespace {
+
+constexpr const char* kDsd = "pytorch_block_sparse_ng._C.dsd";
+constexpr const char* kDds = "pytorch_block_sparse_ng._C.dds";
+constexpr const char* kSdd = "pytorch_block_sparse_ng._C.sdd";
+
+DType dtype_of(const at::Tensor& t) { return t.scalar_type() == at::kHalf ? DType::kFloat16 : DType::kBFloat16; }
+
+void check_launch(cudaError_t err, const char* fn) {
+  TORCH_CHECK(err == cudaSuccess, fn, ": kernel launch failed: ", cudaGetErrorString(err),
+              err == cudaErrorNoKernelImageForDevice
+                  ? " (this build has no kernel for this GPU; it was built for archs " PBSNG_BUILD_ARCHS
+                    "; rebuild with PYTORCH_BLOCK_SPARSE_NG_CUDA_ARCHS set to include it)"
+                  : "");
+}
+
+// The block size from data [nnz, B, B] (or block_shape), and the checks shared by the three products.
+int check_block(int64_t br, int64_t bc, const char* fn, const char* what) {
+  TORCH_CHECK_VALUE(br == bc && block_size_supported(int(br)), fn, ": ", what, "=(", br, ", ", bc,
+                    ") is not supported by the CUDA kernels: square blocks of 32, 64 or 128 only");
+  return int(br);
+}
+
+struct Pattern {
+  int64_t n_block_rows, n_block_cols, nnz;
+};
+
+// The six index arrays of layout.INDEX_NAMES, checked against each other and nnz.
+Pattern check_pattern(const at::Tensor& row_offsets, const at::Tensor& col_indices, const at::Tensor& row_indices,
+                      const at::Tensor& col_offsets_t, const at::Tensor& row_indices_t, const at::Tensor& perm_t,
+                      int64_t nnz, const at::Tensor& ref, const char* fn) {
+  check_defined(row_offsets, fn, "row_offsets");
+  check_defined(col_offsets_t, fn, "col_offsets_t");
+  TORCH_CHECK_VALUE(row_offsets.dim() == 1 && row_offsets.numel() >= 1, fn, ": row_offsets must be 1-D with R + 1 >= 1 "
+                    "entries, got shape ", shape_str(row_offsets));
+  TORCH_CHECK_VALUE(col_offsets_t.dim() == 1 && col_offsets_t.numel() >= 1, fn, ": col_offsets_t must be 1-D with "
+                    "C + 1 >= 1 entries, got shape ", shape_str(col_offsets_t));
+  Pattern p{row_offsets.numel() - 1, col_offsets_t.numel() - 1, nnz};
+  check_index(row_offsets, p.n_block_rows + 1, ref, fn, "row_offsets", "R + 1");
+  check_index(col_indices, nnz, ref, fn, "col_indices", "one per kept block");
+  check_index(row_indices, nnz, ref, fn, "row_indices", "one per kept block");
+  check_index(col_offsets_t, p.n_block_cols + 1, ref, fn, "col_offsets_t", "C + 1");
+  check_index(row_indices_t, nnz, ref, fn, "row_indices_t", "one per kept block");
+  check_index(perm_t, nnz, ref, fn, "perm_t", "one per kept block");
+  TORCH_CHECK_VALUE(nnz <= p.n_block_rows * p.n_block_cols, fn, ": ", nnz, " kept blocks do not fit a ",
+                    p.n_block_rows, " x ", p.n_block_cols, " block grid");
+  return p;
+}
+
+void check_rows(int64_t m, int block_m_tile, const char* fn, const char* name) {
+  // grid.y = ceil(M / 128) must stay under 65536
+  TORCH_CHECK_VALUE((m + block_m_tile - 1) / block_m_tile <= 65535, fn, ": ", name, " has ", m,
+                    " rows; at most ", int64_t(65535) * block_m_tile, " are supported");
+}
+
+at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<at::Tensor>& bias,
+               const at::Tensor& row_offsets, const at::Tensor& col_indices, const at::Tensor& row_indices,
+               const at::Tensor& col_offsets_t, const at::Tensor& row_indices_t, const at::Tensor& perm_t) {
+  check_operand(x, 2, kDsd, "x");
+  check_operand(data, 3, kDsd, "data");
+  check_same_device(data, x, kDsd, "data", "x");
+  check_same_dtype(data, x, kDsd, "data", "x");
+  const int block = check_block(data.size(1), data.size(2), kDsd, "data block shape");
+  const Pattern pat = check_pattern(row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t,
+                                    data.size(0), x, kDsd);
+  const int64_t n = pat.n_block_rows * block, k = pat.n_block_cols * block;
+  TORCH_CHECK_VALUE(x.size(1) == k, kDsd, ": x.shape=", shape_str(x), " must be (M, in_features=", k,
+                    ") for a weight of ", pat.n_block_cols, " block columns of ", block);
+  check_rows(x.size(0), 128, kDsd, "x");
+  const at::Tensor* b = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    b = &*bias;
+    check_cuda(*b, kDsd, "bias");
+    check_same_device(*b, x, kDsd, "bias", "x");
+    check_same_dtype(*b, x, kDsd, "bias", "x");
+    check_contiguous(*b, kDsd, "bias");
+    TORCH_CHECK_VALUE(b->dim() == 1 && b->size(0) == n, kDsd, ": bias.shape=", shape_str(*b),
+                      " must be (out_features=", n, ",)");
+  }
+  c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty({x.size(0), n}, x.options());
+  DsdParams p{x.data_ptr(), data.data_ptr(), b ? b->data_ptr() : nullptr, y.data_ptr(),
+              row_offsets.data_ptr<int32_t>(), col_indices.data_ptr<int32_t>(), x.size(0),
+              int(pat.n_block_rows), int(pat.n_block_cols), block};
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_sm80<DType::kFloat16>(p, stream)
+                                              : launch_dsd_sm80<DType::kBFloat16>(p, stream), kDsd);
+  return y;
+}
+
+at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& row_offsets,
+               const at::Tensor& col_indices, const at::Tensor& row_indices, const at::Tensor& col_offsets_t,
+               const at::Tensor& row_indices_t, const at::Tensor& perm_t) {
+  check_operand(dy, 2, kDds, "dy");
+  check_operand(data, 3, kDds, "data");
+  check_same_device(data, dy, kDds, "data", "dy");
+  check_same_dtype(data, dy, kDds, "data", "dy");
+  const int block = check_block(data.size(1), data.size(2), kDds, "data block shape");
+  const Pattern pat = check_pattern(row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t,
+                                    data.size(0), dy, kDds);
+  const int64_t n = pat.n_block_rows * block, k = pat.n_block_cols * block;
+  TORCH_CHECK_VALUE(dy.size(1) == n, kDds, ": dy.shape=", shape_str(dy), " must be (M, out_features=", n,
+                    ") for a weight of ", pat.n_block_rows, " block rows of ", block);
+  check_rows(dy.size(0), 128, kDds, "dy");
+  c10::cuda::CUDAGuard guard(dy.device());
+  at::Tensor dx = at::empty({dy.size(0), k}, dy.options());
+  DdsParams p{dy.data_ptr(), data.data_ptr(), dx.data_ptr(), col_offsets_t.data_ptr<int32_t>(),
+              row_indices_t.data_ptr<int32_t>(), perm_t.data_ptr<int32_t>(), dy.size(0),
+              int(pat.n_block_rows), int(pat.n_block_cols), block};
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
+  check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm80<DType::kFloat16>(p, stream)
+                                               : launch_dds_sm80<DType::kBFloat16>(p, stream), kDds);
+  return dx;
+}
+
+int multiprocessor_count(int device) {
+  static int counts[64] = {0};
+  if (device < 0 || device >= 64) return 108;
+  if (counts[device] == 0) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) n = 108;
+    counts[device] = n;
+  }
+  return counts[device];
+}
+
+at::Tensor sdd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_offsets,
+               const at::Tensor& col_indices, const at::Tensor& row_indices, const at::Tensor& col_offsets_t,
+               const at::Tensor& row_indices_t, const at::Tensor& perm_t, std::vector<int64_t> block_shape) {
+  check_operand(dy, 2, kSdd, "dy");
+  check_operand(x, 2, kSdd, "x");
+  check_same_device(x, dy, kSdd, "x", "dy");
+  check_same_dtype(x, dy, kSdd, "x", "dy");
+  TORCH_CHECK_VALUE(block_shape.size() == 2, kSdd, ": block_shape must have 2 entries, got ", block_shape.size());
+  const int block = check_block(block_shape[0], block_shape[1], kSdd, "block_shape");
+  check_defined(col_indices, kSdd, "col_indices");
+  const Pattern pat = check_pattern(row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t,
+                                    col_indices.numel(), dy, kSdd);
+  const int64_t n = pat.n_block_rows * block, k = pat.n_block_cols * block;
+  TORCH_CHECK_VALUE(dy.size(1) == n, kSdd, ": dy.shape=", shape_str(dy), " must be (M, out_features=", n, ")");
+  TORCH_CHECK_VALUE(x.size(1) == k, kSdd, ": x.shape=", shape_str(x), " must be (M, in_features=", k, ")");
+  TORCH_CHECK_VALUE(x.size(0) == dy.size(0), kSdd, ": x.shape=", shape_str(x), " and dy.shape=", shape_str(dy),
+                    " must have the same number of rows M");
+  c10::cuda::CUDAGuard guard(dy.device());
+  const int64_t m = dy.size(0), nnz = pat.nnz;
+  // Split the reduction over M across CTAs when there are too few kept blocks to fill the GPU.
+  const int64_t k_tiles = (m + sdd_k_tile_rows(block) - 1) / sdd_k_tile_rows(block);
+  const int64_t target_ctas = 2 * int64_t(multiprocessor_count(dy.device().index()));
+  int64_t splits = 1;
+  if (nnz > 0 && nnz < target_ctas) {
+    splits = std::min<int64_t>((target_ctas + nnz - 1) / nnz, std::max<int64_t>(1, k_tiles / 8));
+    splits = std::min<int64_t>(splits, 65535);
+  }
+  at::Tensor out, out_f32;
+  if (splits > 1) {
+    out_f32 = at::zeros({nnz, block, block}, dy.options().dtype(at::kFloat));
+  } else {
+    out = at::empty({nnz, block, block}, dy.options());
+  }
+  SddParams p{dy.data_ptr(), x.data_ptr(), splits > 1 ? nullptr : out.data_ptr(),
+              splits > 1 ? out_f32.data_ptr<float>() : nullptr, row_indices.data_ptr<int32_t>(),
+              col_indices.data_ptr<int32_t>(), m, nnz, int(pat.n_block_rows), int(pat.n_block_cols), block,
+              int(splits)};
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
+  check_launch(dtype_of(dy) == DType::kFloat16 ? launch_sdd_sm80<DType::kFloat16>(p, stream)
+                                               : launch_sdd_sm80<DType::kBFloat16>(p, stream), kSdd);
+  return splits > 1 ? out_f32.to(dy.scalar_type()) : out;
+}
+
+// True when this build holds kernels that run on the given device (checked through the CUDA runtime).
+bool device_supported(int64_t device) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
+    cudaGetLastError();
+    return false;
+  }
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  const cudaError_t err = kernel_image_status();
+  cudaGetLastError();  // clear a sticky-free error such as cudaErrorNoKernelImageForDevice
+  return err == cudaSuccess;
+}
+
+}  // namespace
+}  // namespace pbsng
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "pytorch_block_sparse_ng CUDA kernels (use them through pytorch_block_sparse_ng._ops)";
+  m.def("dsd", &pbsng::dsd, "y (M, N) = x (M, K) W^T + bias", pybind11::arg("x"), pybind11::arg("data"),
+        pybind11::arg("bias"), pybind11::arg("row_offsets"), pybind11::arg("col_indices"),
+        pybind11::arg("row_indices"), pybind11::arg("col_offsets_t"), pybind11::arg("row_indices_t"),
+        pybind11::arg("perm_t"));
+  m.def("dds", &pbsng::dds, "dx (M, K) = dy (M, N) W", pybind11::arg("dy"), pybind11::arg("data"),
+        pybind11::arg("row_offsets"), pybind11::arg("col_indices"), pybind11::arg("row_indices"),
+        pybind11::arg("col_offsets_t"), pybind11::arg("row_indices_t"), pybind11::arg("perm_t"));
+  m.def("sdd", &pbsng::sdd, "dW_b [nnz, B, B] = dy^T x on the kept blocks", pybind11::arg("dy"), pybind11::arg("x"),
+        pybind11::arg("row_offsets"), pybind11::arg("col_indices"), pybind11::arg("row_indices"),
+        pybind11::arg("col_offsets_t"), pybind11::arg("row_indices_t"), pybind11::arg("perm_t"),
+        pybind11::arg("block_shape"));
+  m.def("device_supported", &pbsng::device_supported, "whether this build has kernels for the device",
+        pybind11::arg("device"));
+  m.def("supported_block_sizes", []() { return std::vector<int64_t>{32, 64, 128}; });
+  m.attr("BUILD_ARCHS") = PBSNG_BUILD_ARCHS;
+}

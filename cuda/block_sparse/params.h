@@ -1,0 +1,75 @@
+// Plain argument structs for the block-sparse product launchers. No torch, no CuTe: bindings.cpp fills
+// these after checking every tensor, and the kernels never see an at::Tensor.
+//
+// W is the (N, K) block-sparse weight with square (B, B) blocks; `data` holds its nnz kept blocks
+// [nnz, B, B] in row-major block order; the index arrays follow pytorch_block_sparse_ng/layout.py.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime_api.h>
+
+namespace pbsng {
+
+enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
+
+// y (M, N) = x (M, K) W^T + bias.  One CTA per (block row, tile of M rows).
+struct DsdParams {
+  const void* x;            // (M, K) row-major
+  const void* data;         // [nnz, B, B]
+  const void* bias;         // (N,) or nullptr
+  void* y;                  // (M, N) row-major
+  const int32_t* row_offsets;  // [R + 1]
+  const int32_t* col_indices;  // [nnz]
+  int64_t m;
+  int n_block_rows;         // R = N / B
+  int n_block_cols;         // C = K / B
+  int block;                // B
+};
+
+// dx (M, K) = dy (M, N) W, through the column-major index. One CTA per (block column, tile of M rows).
+struct DdsParams {
+  const void* dy;           // (M, N)
+  const void* data;         // [nnz, B, B]
+  void* dx;                 // (M, K)
+  const int32_t* col_offsets_t;  // [C + 1]
+  const int32_t* row_indices_t;  // [nnz]
+  const int32_t* perm_t;         // [nnz]
+  int64_t m;
+  int n_block_rows;
+  int n_block_cols;
+  int block;
+};
+
+// dW_b [nnz, B, B] = dy^T x on the kept blocks, reduced over M. One CTA per (kept block, split of M).
+// With splits > 1 the partial sums are added atomically into `out_f32` (zeroed by the caller), else written
+// to `out` in the input dtype.
+struct SddParams {
+  const void* dy;           // (M, N)
+  const void* x;            // (M, K)
+  void* out;                // [nnz, B, B] in the input dtype (splits == 1)
+  float* out_f32;           // [nnz, B, B] fp32, zeroed (splits > 1)
+  const int32_t* row_indices;  // [nnz]
+  const int32_t* col_indices;  // [nnz]
+  int64_t m;
+  int64_t nnz;
+  int n_block_rows;
+  int n_block_cols;
+  int block;
+  int splits;               // number of CTAs that share one block's reduction over M
+};
+
+// Launchers: one translation unit per product and dtype (dsd_f16.cu, dsd_bf16.cu, ...) specializes each.
+// They return the launch's cudaError_t and never synchronize.
+template <DType D> cudaError_t launch_dsd_sm80(const DsdParams& p, cudaStream_t stream);
+template <DType D> cudaError_t launch_dds_sm80(const DdsParams& p, cudaStream_t stream);
+template <DType D> cudaError_t launch_sdd_sm80(const SddParams& p, cudaStream_t stream);
+
+// Number of k-tiles along M of one sdd block, for choosing `splits` (BK depends on the block size).
+int sdd_k_tile_rows(int block);
+
+// cudaSuccess when this build holds a kernel image that runs on the current device.
+cudaError_t kernel_image_status();
+
+inline bool block_size_supported(int block) { return block == 32 || block == 64 || block == 128; }
+
+}  // namespace pbsng

@@ -1,0 +1,128 @@
+"""The CUDA kernels as torch.library custom ops: the only importer of the compiled extension ``_C``.
+
+Ops (namespace ``pytorch_block_sparse_ng``), each with a fake (meta) implementation so that ``torch.compile``
+traces them without graph breaks; index tensors are in ``layout.INDEX_NAMES`` order:
+
+- ``dsd(x (M, K), data [nnz, B, B], bias (N,) or None, *index) -> y (M, N)``       y = x Wᵀ + bias
+- ``dds(dy (M, N), data, *index) -> dx (M, K)``                                     dx = dy W
+- ``sdd(dy (M, N), x (M, K), *index, block_shape) -> [nnz, B, B]``                  dW_b = dyᵀ x on kept blocks
+
+Inputs are fp16 or bf16 CUDA tensors with square blocks of 32, 64 or 128 (``supports``); fp32 accumulation,
+outputs in the input dtype. The gradients are wired by ``functional.BlockSparseLinearFunction``.
+Importing this module raises ImportError (quoting how the extension was built) when ``_C`` cannot load.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+try:
+    from . import _build_info as build_info
+except ImportError:  # extension built by hand, without cuda_build.py
+    build_info = None
+
+
+def describe_build() -> str:
+    """One line: how the extension was built (archs, torch, CUDA, CUTLASS), for error messages."""
+    if build_info is None:
+        return "no build record (_build_info.py is missing)"
+    return (f"built for archs {build_info.ARCHS} with torch {build_info.TORCH_VERSION} (CUDA "
+            f"{build_info.TORCH_CUDA_VERSION}), nvcc {build_info.NVCC_VERSION}, CUTLASS {build_info.CUTLASS_VERSION}, "
+            f"Python {build_info.PYTHON_VERSION}")
+
+
+try:
+    from . import _C
+except ImportError as error:
+    raise ImportError(f"pytorch_block_sparse_ng._C cannot be loaded ({error}); it was {describe_build()}; running "
+                      f"torch {torch.__version__} (CUDA {torch.version.cuda})") from error
+
+__all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "describe_build"]
+
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+_BLOCK_SIZES = tuple(_C.supported_block_sizes())
+_device_ok = {}
+
+
+def device_supported(device: torch.device) -> bool:
+    """Whether this build has kernel images for the GPU ``device`` (asked once per device)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _device_ok:
+        _device_ok[index] = bool(_C.device_supported(index))
+    return _device_ok[index]
+
+
+def supports(x: Tensor, data: Tensor) -> bool:
+    """True when the kernels compute this case: CUDA tensors on one device, fp16/bf16 of one dtype, square
+    blocks of 32/64/128, and a kernel image for the GPU's arch."""
+    return (x.is_cuda and data.is_cuda and x.device == data.device and x.dtype in _SUPPORTED_DTYPES
+            and data.dtype == x.dtype and data.dim() == 3 and data.shape[1] == data.shape[2]
+            and data.shape[1] in _BLOCK_SIZES and device_supported(x.device))
+
+
+def _aligned(t: Tensor) -> Tensor:
+    """The kernels load 16 bytes at a time: contiguous, 16-byte aligned storage."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+# ------------------------------------------------------------------------------------------------ dsd
+@torch.library.custom_op("pytorch_block_sparse_ng::dsd", mutates_args=())
+def _dsd(x: Tensor, data: Tensor, bias: Optional[Tensor], row_offsets: Tensor, col_indices: Tensor,
+         row_indices: Tensor, col_offsets_t: Tensor, row_indices_t: Tensor, perm_t: Tensor) -> Tensor:
+    return _C.dsd(_aligned(x), _aligned(data), bias if bias is None else bias.contiguous(), row_offsets, col_indices,
+                  row_indices, col_offsets_t, row_indices_t, perm_t)
+
+
+@_dsd.register_fake
+def _dsd_fake(x, data, bias, row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t):
+    return x.new_empty((x.shape[0], (row_offsets.shape[0] - 1) * data.shape[1]))
+
+
+# ------------------------------------------------------------------------------------------------ dds
+@torch.library.custom_op("pytorch_block_sparse_ng::dds", mutates_args=())
+def _dds(dy: Tensor, data: Tensor, row_offsets: Tensor, col_indices: Tensor, row_indices: Tensor,
+         col_offsets_t: Tensor, row_indices_t: Tensor, perm_t: Tensor) -> Tensor:
+    return _C.dds(_aligned(dy), _aligned(data), row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t,
+                  perm_t)
+
+
+@_dds.register_fake
+def _dds_fake(dy, data, row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t):
+    return dy.new_empty((dy.shape[0], (col_offsets_t.shape[0] - 1) * data.shape[2]))
+
+
+# ------------------------------------------------------------------------------------------------ sdd
+@torch.library.custom_op("pytorch_block_sparse_ng::sdd", mutates_args=())
+def _sdd(dy: Tensor, x: Tensor, row_offsets: Tensor, col_indices: Tensor, row_indices: Tensor,
+         col_offsets_t: Tensor, row_indices_t: Tensor, perm_t: Tensor, block_shape: List[int]) -> Tensor:
+    return _C.sdd(_aligned(dy), _aligned(x), row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t,
+                  perm_t, list(block_shape))
+
+
+@_sdd.register_fake
+def _sdd_fake(dy, x, row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t, block_shape):
+    return x.new_empty((col_indices.shape[0], block_shape[0], block_shape[1]))
+
+
+# ------------------------------------------------------------------------------------------------ API for backend.py
+def dsd(x: Tensor, data: Tensor, bias: Optional[Tensor], *index: Tensor) -> Tensor:
+    """y (M, N) = x (M, K) Wᵀ + bias."""
+    return _dsd(x, data, bias, *index)
+
+
+def dds(dy: Tensor, data: Tensor, *index: Tensor) -> Tensor:
+    """dx (M, K) = dy (M, N) W."""
+    return _dds(dy, data, *index)
+
+
+def sdd(dy: Tensor, x: Tensor, *args) -> Tensor:
+    """dW_b [nnz, BR, BC] = dyᵀ x on the kept blocks. ``args`` = the six index tensors, then block_shape."""
+    *index, block_shape = args
+    return _sdd(dy, x, *index, [int(b) for b in block_shape])
+
+
+ops = (_dsd, _dds, _sdd)  # for torch.library.opcheck in the tests

@@ -1,0 +1,281 @@
+"""The CUDA kernels (pytorch_block_sparse_ng._C through _ops) against reference.py.
+
+GPU tests (marked ``cuda``) compare each kernel with an fp32 computation of the same product and require
+``err(kernel) <= 2 * err(PyTorch's dense matmul in the same dtype) + one ulp of the output's largest value``,
+the errors being the largest absolute difference to the fp32 result. They skip with a reason when no GPU or no
+extension is there. The argument-check tests need only the built extension (they run on CPU-only machines).
+"""
+
+import zlib
+from collections import namedtuple
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pytorch_block_sparse_ng import BlockSparseLinear, BlockSparseMatrix, _extension, backend, reference
+
+OPS = _extension.get()
+HAS_GPU = torch.cuda.is_available()
+
+requires_extension = pytest.mark.skipif(
+    OPS is None, reason="the CUDA extension pytorch_block_sparse_ng._C is not built "
+                        "(build it with a CUDA torch: pip install --no-build-isolation -e .)")
+requires_kernels = pytest.mark.skipif(
+    OPS is None or not HAS_GPU or not OPS.device_supported(torch.device("cuda")),
+    reason="needs a CUDA GPU and the extension built for its arch")
+
+Case = namedtuple("Case", "m in_features out_features density block dtype")
+M_VALUES = (1, 7, 128, 1000)
+FEATURES = ((256, 768), (768, 1024), (1024, 256))  # (in, out): every size in {256, 768, 1024} on both sides
+DENSITIES = (0.0, 0.1, 0.5, 1.0)
+BLOCKS = (32, 64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+GRID = [Case(m, i, o, d, b, t) for m in M_VALUES for (i, o) in FEATURES for d in DENSITIES for b in BLOCKS
+        for t in DTYPES]
+
+
+def case_id(case):
+    return f"m{case.m}-{case.in_features}x{case.out_features}-d{case.density}-b{case.block}-{str(case.dtype)[6:]}"
+
+
+def max_err(out, ref):
+    return (out.float() - ref.float()).abs().max().item() if out.numel() else 0.0
+
+
+def assert_like_torch(name, out, ref32, torch_out):
+    """err(out) <= 2 err(torch same dtype) + 1 ulp of max |ref|, errors measured against the fp32 result."""
+    assert out.dtype == torch_out.dtype and out.shape == ref32.shape, (name, out.dtype, out.shape, ref32.shape)
+    assert torch.isfinite(out).all(), f"{name}: non-finite values"
+    atol = torch.finfo(out.dtype).eps * (ref32.abs().max().item() if ref32.numel() else 0.0) + 1e-6
+    err, torch_err = max_err(out, ref32), max_err(torch_out, ref32)
+    assert err <= 2 * torch_err + atol, f"{name}: max error {err:.3g} > 2 x torch's {torch_err:.3g} + {atol:.3g}"
+
+
+def make_weight(case, generator):
+    w = BlockSparseMatrix.randn((case.out_features, case.in_features), density=case.density,
+                                block_shape=(case.block, case.block), dtype=torch.float32, generator=generator)
+    return w.to("cuda")
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.parametrize("case", GRID, ids=case_id)
+def test_products_match_reference(case):
+    generator = torch.Generator().manual_seed(zlib.crc32(case_id(case).encode()))
+    w = make_weight(case, generator)
+    index = w.indices()
+    x32 = torch.randn(case.m, case.in_features, generator=generator).cuda()
+    dy32 = torch.randn(case.m, case.out_features, generator=generator).cuda()
+    bias32 = torch.randn(case.out_features, generator=generator).cuda()
+    t = case.dtype
+    x, dy, bias, data = x32.to(t), dy32.to(t), bias32.to(t), w.data.detach().to(t)
+    assert OPS.supports(x, data)
+    # fp32 results from the *rounded* inputs, and PyTorch's own dense products in the same dtype.
+    xr, dyr, biasr, datar = x.float(), dy.float(), bias.float(), data.float()
+    dense = w.to_dense(datar).detach()
+    dense_t = dense.to(t)
+
+    y = OPS.dsd(x, data, bias, *index)
+    assert_like_torch("dsd", y, reference.dsd(xr, datar, biasr, *index), F.linear(x, dense_t, bias))
+    y_nobias = OPS.dsd(x, data, None, *index)
+    assert_like_torch("dsd (no bias)", y_nobias, reference.dsd(xr, datar, None, *index), F.linear(x, dense_t))
+
+    dx = OPS.dds(dy, data, *index)
+    assert_like_torch("dds", dx, reference.dds(dyr, datar, *index), dy @ dense_t)
+
+    dw = OPS.sdd(dy, x, *index, (case.block, case.block))
+    dense_dw = (dy.t() @ x)  # PyTorch's same-dtype weight gradient, then the kept blocks
+    torch_dw = dense_dw.reshape(w.grid[0], case.block, w.grid[1], case.block).transpose(1, 2)[
+        w.row_indices.long(), w.col_indices.long()]
+    assert_like_torch("sdd", dw, reference.sdd(dyr, xr, *index, (case.block, case.block)), torch_dw)
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.parametrize("m", (1, 129, 300))
+def test_every_output_element_is_written(m):
+    """Outputs are allocated uninitialised: fill a freed block of the output's size with NaN first (the
+    caching allocator hands it to the next allocation of that size) and check that every element is written."""
+    generator = torch.Generator().manual_seed(7)
+    w = BlockSparseMatrix.randn((512, 384), density=0.3, block_shape=(64, 64), generator=generator).to("cuda")
+    data = w.data.detach().half()
+    index = w.indices()
+    x = torch.randn(m, 384, generator=generator).cuda().half()
+    dy = torch.randn(m, 512, generator=generator).cuda().half()
+
+    def poisoned(shape, fn):
+        junk = torch.full(shape, float("nan"), device="cuda", dtype=torch.float16)
+        del junk
+        return fn()
+
+    y = poisoned((m, 512), lambda: OPS.dsd(x, data, None, *index))
+    assert max_err(y, reference.dsd(x.float(), data.float(), None, *index)) < 0.05
+    dx = poisoned((m, 384), lambda: OPS.dds(dy, data, *index))
+    assert max_err(dx, reference.dds(dy.float(), data.float(), *index)) < 0.05
+    dw = poisoned(tuple(data.shape), lambda: OPS.sdd(dy, x, *index, (64, 64)))
+    assert max_err(dw, reference.sdd(dy.float(), x.float(), *index, (64, 64))) < 0.05 * max(1, m) ** 0.5
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t)[6:])
+@pytest.mark.parametrize("block", BLOCKS)
+def test_block_sparse_linear_3d_noncontiguous_forward_backward(dtype, block):
+    """Through BlockSparseLinear: a 3-D, non-contiguous input, forward and backward against PyTorch."""
+    generator = torch.Generator().manual_seed(block)
+    layer = BlockSparseLinear(512, 768, density=0.4, block_shape=(block, block), generator=generator).cuda()
+    layer = layer.to(dtype)
+    base = torch.randn(5, 768, 37, generator=generator).cuda().to(dtype)
+    x = base.transpose(1, 2)[:, 3:, :512]  # (5, 34, 512), non-contiguous
+    assert not x.is_contiguous()
+    x.requires_grad_(True)
+    assert backend.kernels_available()
+    y = layer(x)
+    grad = torch.randn(y.shape, generator=generator).cuda().to(dtype)
+    y.backward(grad)
+
+    dense = layer.weight.to_dense().detach()
+    x32 = x.detach().float().requires_grad_(True)
+    w32 = dense.float().requires_grad_(True)
+    b32 = layer.bias.detach().float().requires_grad_(True)
+    y32 = F.linear(x32, w32, b32)
+    y32.backward(grad.float())
+    xt = x.detach().clone().requires_grad_(True)
+    wt = dense.clone().requires_grad_(True)
+    bt = layer.bias.detach().clone().requires_grad_(True)
+    yt = F.linear(xt, wt, bt)
+    yt.backward(grad)
+
+    assert y.shape == (5, 34, 768)
+    assert_like_torch("forward", y, y32, yt)
+    assert_like_torch("grad x", x.grad, x32.grad, xt.grad)
+    w = layer.weight
+    kept = (w.row_indices.long(), w.col_indices.long())
+
+    def blocks_of(dense_grad):
+        return dense_grad.reshape(w.grid[0], block, w.grid[1], block).transpose(1, 2)[kept]
+
+    assert_like_torch("grad blocks", w.data.grad, blocks_of(w32.grad), blocks_of(wt.grad))
+    assert_like_torch("grad bias", layer.bias.grad, b32.grad, bt.grad)
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t)[6:])
+def test_opcheck(dtype):
+    from pytorch_block_sparse_ng import _ops
+
+    generator = torch.Generator().manual_seed(3)
+    w = BlockSparseMatrix.randn((256, 192), density=0.5, block_shape=(64, 64), generator=generator).to("cuda")
+    data = w.data.detach().to(dtype)
+    x = torch.randn(70, 192, generator=generator).cuda().to(dtype)
+    dy = torch.randn(70, 256, generator=generator).cuda().to(dtype)
+    bias = torch.randn(256, generator=generator).cuda().to(dtype)
+    index = w.indices()
+    torch.library.opcheck(_ops._dsd, (x, data, bias, *index))
+    torch.library.opcheck(_ops._dsd, (x, data, None, *index))
+    torch.library.opcheck(_ops._dds, (dy, data, *index))
+    torch.library.opcheck(_ops._sdd, (dy, x, *index, [64, 64]))
+
+
+@pytest.mark.cuda
+@requires_kernels
+def test_empty_and_zero_row_cases():
+    generator = torch.Generator().manual_seed(11)
+    w = BlockSparseMatrix.randn((256, 256), density=0.0, block_shape=(32, 32), generator=generator).to("cuda")
+    data = w.data.detach().half()
+    bias = torch.randn(256, generator=generator).cuda().half()
+    x = torch.randn(9, 256, generator=generator).cuda().half()
+    assert torch.equal(OPS.dsd(x, data, bias, *w.indices()), bias.expand(9, 256))
+    assert torch.equal(OPS.dds(torch.randn(9, 256).cuda().half(), data, *w.indices()), torch.zeros(9, 256).cuda().half())
+    assert OPS.sdd(x, x, *w.indices(), (32, 32)).shape == (0, 32, 32)
+    w = BlockSparseMatrix.randn((256, 256), density=0.5, block_shape=(32, 32), generator=generator).to("cuda")
+    empty = torch.zeros(0, 256, device="cuda", dtype=torch.float16)
+    assert OPS.dsd(empty, w.data.detach().half(), None, *w.indices()).shape == (0, 256)
+    dw = OPS.sdd(empty, empty, *w.indices(), (32, 32))
+    assert dw.shape == w.data.shape and torch.equal(dw, torch.zeros_like(dw, dtype=torch.float16))
+
+
+# ------------------------------------------------------------------------------------------------ argument checks
+# These need the built extension but no GPU: the checks run before any CUDA call.
+
+def _cpu_problem(dtype=torch.float16, block=32):
+    w = BlockSparseMatrix.randn((128, 96), density=0.5, block_shape=(block, block), dtype=dtype,
+                                generator=torch.Generator().manual_seed(0))
+    x = torch.randn(5, 96, dtype=dtype)
+    return w, x
+
+
+@requires_extension
+def test_cpu_tensor_is_refused_with_its_name():
+    from pytorch_block_sparse_ng import _C
+
+    w, x = _cpu_problem()
+    with pytest.raises(ValueError, match=r"_C\.dsd: x must be a CUDA tensor, got a tensor on cpu"):
+        _C.dsd(x, w.data.detach(), None, *w.indices())
+    with pytest.raises(ValueError, match=r"_C\.dds: dy must be a CUDA tensor"):
+        _C.dds(torch.randn(5, 128, dtype=torch.float16), w.data.detach(), *w.indices())
+    with pytest.raises(ValueError, match=r"_C\.sdd: dy must be a CUDA tensor"):
+        _C.sdd(torch.randn(5, 128, dtype=torch.float16), x, *w.indices(), [32, 32])
+
+
+@requires_extension
+def test_float32_and_mixed_dtypes_are_refused():
+    from pytorch_block_sparse_ng import _C
+
+    if not HAS_GPU:
+        pytest.skip("dtype checks come after the device check; needs tensors on a GPU")
+    w, x = _cpu_problem()
+    w = w.to("cuda")
+    with pytest.raises(TypeError, match=r"x\.dtype=Float must be float16 or bfloat16"):
+        _C.dsd(x.float().cuda(), w.data.detach().float(), None, *w.indices())
+    with pytest.raises(TypeError, match=r"data\.dtype=BFloat16 must equal x\.dtype=Half"):
+        _C.dsd(x.cuda(), w.data.detach().bfloat16(), None, *w.indices())
+
+
+@requires_extension
+@pytest.mark.skipif(not HAS_GPU, reason="shape checks come after the device check; needs a GPU")
+def test_shape_and_index_errors_name_the_argument():
+    from pytorch_block_sparse_ng import _C
+
+    w, x = _cpu_problem()
+    w, x = w.to("cuda"), x.cuda()
+    data, index = w.data.detach(), list(w.indices())
+    with pytest.raises(ValueError, match=r"x\.shape=\(5, 64\) must be \(M, in_features=96\)"):
+        _C.dsd(x[:, :64].contiguous(), data, None, *index)
+    with pytest.raises(ValueError, match=r"x must be contiguous"):
+        _C.dsd(torch.randn(96, 5, device="cuda", dtype=torch.float16).t(), data, None, *index)
+    with pytest.raises(ValueError, match=r"bias\.shape=\(96,\) must be \(out_features=128,\)"):
+        _C.dsd(x, data, torch.zeros(96, device="cuda", dtype=torch.float16), *index)
+    bad = list(index)
+    bad[1] = bad[1].long()
+    with pytest.raises(TypeError, match=r"col_indices\.dtype=Long must be int32"):
+        _C.dsd(x, data, None, *bad)
+    bad = list(index)
+    bad[5] = bad[5][:-1]
+    with pytest.raises(ValueError, match=r"perm_t has \d+ entries but must have \d+"):
+        _C.dds(torch.randn(5, 128, device="cuda", dtype=torch.float16), data, *bad)
+    with pytest.raises(ValueError, match=r"block_shape=\(32, 16\) is not supported"):
+        _C.sdd(torch.randn(5, 128, device="cuda", dtype=torch.float16), x, *index, [32, 16])
+    with pytest.raises(ValueError, match=r"must have the same number of rows"):
+        _C.sdd(torch.randn(6, 128, device="cuda", dtype=torch.float16), x, *index, [32, 32])
+
+
+@requires_extension
+def test_unsupported_cases_fall_back_to_the_reference():
+    w, x = _cpu_problem(dtype=torch.float32)
+    assert not OPS.supports(x, w.data)  # CPU tensors
+    if HAS_GPU:
+        w16, x16 = _cpu_problem(block=16)
+        assert not OPS.supports(x16.cuda(), w16.data.cuda())  # block 16 has no kernel
+        assert not OPS.supports(x.cuda(), w.data.cuda())  # fp32
+
+
+@requires_extension
+def test_build_record_is_quoted():
+    from pytorch_block_sparse_ng import _C, _ops
+
+    text = _ops.describe_build()
+    assert "archs" in text and "torch" in text, text
+    assert _C.BUILD_ARCHS != "unknown"
