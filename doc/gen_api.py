@@ -1,0 +1,160 @@
+"""Write doc/api.md: every name of ``pytorch_block_sparse_ng.__all__`` with its signature and docstring, and for
+classes their own public methods and properties. Run after changing a public name or a docstring:
+
+    python doc/gen_api.py            # rewrites doc/api.md
+    python doc/gen_api.py --check    # exit 1 if doc/api.md is out of date
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import pytorch_block_sparse_ng as package  # noqa: E402
+
+OUT = os.path.join(HERE, "api.md")
+
+
+def markdown(doc: str) -> str:
+    """A docstring as markdown: dedented, ``code`` -> `code`, indented blocks kept as text."""
+    doc = inspect.cleandoc(doc or "(no docstring)")
+    doc = re.sub(r"``([^`]+)``", r"`\1`", doc)
+    lines, out, in_table = doc.split("\n"), [], False
+    for line in lines:
+        if re.match(r"^=+( +=+)+$", line.strip()):  # rst simple tables -> preformatted
+            if not in_table:
+                out.append("```text")
+            in_table = not in_table if out[-1] != "```text" else True
+            continue
+        out.append(line)
+    if in_table:
+        out.append("```")
+    text = "\n".join(out)
+    # Keep the docstrings' own line structure (argument lists, shapes): a hard line break on every line that is
+    # not blank, a heading or inside a fence.
+    result, fence = [], False
+    for line in text.split("\n"):
+        if line.startswith("```"):
+            fence = not fence
+            result.append(line)
+        elif fence or not line.strip():
+            result.append(line)
+        else:
+            result.append(line + "  ")
+    return "\n".join(result).rstrip()
+
+
+def signature(obj, name: str) -> str:
+    try:
+        sig = str(inspect.signature(obj))
+    except (TypeError, ValueError):
+        sig = "(...)"
+    sig = re.sub(r"<function (\w+) at 0x[0-9a-f]+>", r"\1", sig)
+    sig = re.sub(r"-> \"'([^']*)'\"", r"-> \1", sig)  # string annotations (from __future__ import annotations)
+    sig = re.sub(r"(: |-> )'([^']*)'", r"\1\2", sig)
+    return f"{name}{sig}"
+
+
+def base_name(base) -> str:
+    if base.__module__.startswith(package.__name__):
+        return base.__name__
+    if base.__module__.startswith("torch.nn.modules"):
+        return f"torch.nn.{base.__name__}"
+    return f"{base.__module__}.{base.__qualname__}"
+
+
+def own_members(cls):
+    """Public methods, classmethods, staticmethods and properties defined by ``cls`` itself, in source order."""
+    members = []
+    for key, value in vars(cls).items():
+        if key.startswith("_") or key in ("forward", "extra_repr", "T_destination", "dump_patches"):
+            continue
+        if isinstance(value, property):
+            members.append((key, "property", value.fget))
+        elif isinstance(value, classmethod):
+            members.append((key, "classmethod", value.__func__))
+        elif isinstance(value, staticmethod):
+            members.append((key, "staticmethod", value.__func__))
+        elif inspect.isfunction(value):
+            members.append((key, "method", value))
+    return members
+
+
+def section(name: str) -> str:
+    obj = getattr(package, name)
+    lines = [f"### `{name}`", ""]
+    if name == "__version__":
+        return "\n".join(lines + [f"The package version, a string: `{obj!r}`.", ""])
+    if inspect.isclass(obj):
+        bases = ", ".join(base_name(b) for b in obj.__bases__ if b is not object)
+        lines += ["```python", f"class {signature(obj, name)}" + (f"    # bases: {bases}" if bases else ""), "```", "",
+                  markdown(obj.__doc__), ""]
+        for key, kind, fn in own_members(obj):
+            if kind == "property":
+                head = f"`{name}.{key}` (property)"
+            else:
+                sig = signature(fn, key)
+                if kind == "method" or kind == "classmethod":
+                    sig = re.sub(r"\((self|cls)(, )?", "(", sig, count=1)
+                head = f"`{name}.{sig}`" + (f" ({kind})" if kind != "method" else "")
+            lines += [f"- {head}", ""]
+            if fn.__doc__:
+                lines += ["  " + line if line else "" for line in markdown(fn.__doc__).split("\n")] + [""]
+    elif callable(obj):
+        lines += ["```python", signature(obj, name), "```", "", markdown(obj.__doc__), ""]
+    else:
+        lines += [f"`{obj!r}`", ""]
+    return "\n".join(lines)
+
+
+def generate() -> str:
+    names = list(package.__all__)
+    groups: dict = {}
+    for name in names:
+        obj = getattr(package, name)
+        module = getattr(obj, "__module__", None) if (inspect.isclass(obj) or callable(obj)) else None
+        groups.setdefault(module or package.__name__, []).append(name)
+    out = [
+        "# API reference",
+        "",
+        f"Every public name of `pytorch_block_sparse_ng` (its `__all__`, {len(names)} names), version "
+        f"`{package.__version__}`, with the signature and the docstring. Generated by `python doc/gen_api.py` "
+        "from the source: edit the docstrings, not this file.",
+        "",
+        "Contents:",
+        "",
+    ]
+    for module, members in groups.items():
+        out.append(f"- `{module}`: " + ", ".join(f"[`{n}`](#{n.lower().strip('_')})" for n in members))
+    out.append("")
+    for module, members in groups.items():
+        doc = inspect.getdoc(sys.modules.get(module)) if module in sys.modules else None
+        out += [f"## `{module}`", ""]
+        if doc and module != package.__name__:
+            out += [markdown(doc.split("\n\n")[0]), ""]
+        for name in members:
+            out.append(section(name))
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv) -> int:
+    text = generate()
+    if "--check" in argv:
+        current = open(OUT, encoding="utf-8").read() if os.path.exists(OUT) else ""
+        if current != text:
+            print("doc/api.md is out of date: run python doc/gen_api.py")
+            return 1
+        return 0
+    with open(OUT, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    print(f"wrote {OUT} ({len(package.__all__)} names)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,124 @@
+"""Write doc/performance.md from the benchmark results in benchmarks/results/*.json (written by
+benchmarks/bench_linear.py on a GPU). Only measured numbers go in; with no result files the page says so.
+
+    python doc/gen_performance.py [--results DIR] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DEFAULT_RESULTS = os.path.join(ROOT, "benchmarks", "results")
+
+INTRO = """# Performance
+
+Speed of `BlockSparseLinear` against dense `F.linear` (cuBLAS) on the same GPU, in the same dtype and the same
+run: speed-up = dense time / sparse time (above 1: faster than dense). Numbers come only from
+`benchmarks/bench_linear.py` runs committed to `benchmarks/results/`; this page is regenerated from them with
+`python doc/gen_performance.py`, and `notebooks/03_benchmark_plots` draws them.
+
+How the timings are taken (see the script's docstring): median of CUDA-event timings after warm-up; "forward"
+is y = x Wᵀ + b, "train" a full training step of the layer (forward, grad input, grad weight, grad bias);
+decode shapes (M = 1, 16 tokens) are timed inside a CUDA graph. Each configuration is checked against
+`F.linear` on its dense weight before it is timed.
+"""
+
+NO_RESULTS = """## Results
+
+**No benchmark results have been committed yet** (`benchmarks/results/` holds no result file), so this page
+has no numbers and claims no speed-up. Where the CUDA extension is not built, or for a case its kernels do not
+support, `BlockSparseLinear` runs the pure-PyTorch reference path, which is correct but not faster than a dense
+layer.
+
+To produce results, on a machine with a CUDA GPU and the extension built (see troubleshooting.md):
+
+```bash
+python benchmarks/bench_linear.py --out benchmarks/results     # full grid, a few minutes
+python doc/gen_performance.py                                  # then regenerate this page
+```
+"""
+
+
+def load(results_dir):
+    runs = []
+    for file in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
+        with open(file, encoding="utf-8") as handle:
+            content = json.load(handle)
+        if isinstance(content, dict) and "meta" in content and "records" in content:
+            runs.append((file, content["meta"], content["records"]))
+    return runs
+
+
+def tables(meta, records):
+    timed = [r for r in records if "speedup" in r and r.get("method") != "dense"]
+    densities = sorted({r["density"] for r in timed})
+    cases = sorted({(r["dtype"], r["m"], r["k"], r["n"]) for r in records},
+                   key=lambda c: (c[0], -c[1] * c[2] * c[3]))
+    out = []
+    for dtype, m, k, n in cases:
+        rows = [r for r in timed if (r["dtype"], r["m"], r["k"], r["n"]) == (dtype, m, k, n)]
+        dense = {r["phase"]: r["ms"] for r in records
+                 if r.get("method") == "dense" and (r["dtype"], r["m"], r["k"], r["n"]) == (dtype, m, k, n) and "ms" in r}
+        if not rows:
+            continue
+        times = ", ".join(f"{phase} {ms:.4g} ms" for phase, ms in sorted(dense.items()))
+        out += [f"### {dtype}, M={m} tokens, {k} → {n}" + (f" (dense: {times})" if times else ""), "",
+                "| method | phase | block | " + " | ".join(f"density {d:g}" for d in densities) + " |",
+                "|---|---|---|" + "---|" * len(densities)]
+        combos = sorted({(r["method"], r["phase"], r["block"]) for r in rows},
+                        key=lambda c: (c[0] != "ours", c[0], c[1], c[2]))
+        for method, phase, block in combos:
+            cells = []
+            for d in densities:
+                hit = [r for r in rows if (r["method"], r["phase"], r["block"], r["density"]) == (method, phase, block, d)]
+                cells.append(f"{hit[0]['speedup']:.2f}× ({hit[0]['ms']:.3g} ms)" if hit else "")
+            name = "BlockSparseLinear" if method == "ours" else method
+            out.append(f"| {name} | {phase} | {block} | " + " | ".join(cells) + " |")
+        out.append("")
+    errors = [r for r in records if "error" in r]
+    if errors:
+        out += ["Configurations that failed (not timed):", ""]
+        out += [f"- {r.get('method')} {r.get('dtype')} M={r.get('m')} {r.get('k')}→{r.get('n')} block "
+                f"{r.get('block')} density {r.get('density')}: {r['error']}" for r in errors] + [""]
+    return out
+
+
+def generate(results_dir, out_path) -> str:
+    runs = load(results_dir)
+    lines = [INTRO]
+    if not runs:
+        lines.append(NO_RESULTS)
+        return "\n".join(lines).rstrip() + "\n"
+    for file, meta, records in runs:
+        gpu = meta.get("gpu", "unknown GPU")
+        lines += [f"## {gpu}", "",
+                  f"torch {meta.get('torch')}, CUDA {meta.get('cuda')}; {meta.get('reps', '?')} timed repetitions; "
+                  f"{'a quick run (one shape, one block size); ' if meta.get('quick') else ''}"
+                  f"source: `{os.path.relpath(file, ROOT)}`.", ""]
+        png = os.path.splitext(file)[0] + ".png"
+        if os.path.exists(png):
+            lines += [f"![speed-up against density on {gpu}]({os.path.relpath(png, os.path.dirname(out_path))})", ""]
+        lines += tables(meta, records)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", default=DEFAULT_RESULTS)
+    parser.add_argument("--out", default=os.path.join(HERE, "performance.md"))
+    args = parser.parse_args(argv)
+    text = generate(args.results, args.out)
+    with open(args.out, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
