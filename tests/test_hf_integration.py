@@ -337,6 +337,28 @@ def test_trainer_masked_lm_with_2_4_layers_keeps_them_2_4(tmp_path):
     assert (layer.mask.view(layer.out_features, -1, 4).sum(-1) == 2).all()
 
 
+@pytest.mark.slow
+def test_trainer_checkpoints_resume_into_a_patched_model_with_its_patterns(tmp_path):
+    """Trainer saves checkpoints of a patched model and resumes from them: a model patched with other patterns
+    (another seed) takes the checkpoint's patterns and ends where an uninterrupted run ends."""
+    first = build("llama")
+    train(first, tmp_path, steps=4, save_strategy="steps", save_steps=2, use_cpu=True)
+    checkpoint = bs.from_pretrained(transformers.AutoModelForCausalLM, tmp_path / "trainer" / "checkpoint-2")
+    assert sparse_types(checkpoint) == sparse_types(first)  # Trainer's checkpoints are sparse checkpoints
+    resumed = build("llama", seed=5)
+    name = "model.layers.1.mlp.gate_proj"
+    assert not torch.equal(resumed.get_submodule(name).weight.block_mask(), first.get_submodule(name).weight.block_mask())
+    args = dict(output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=4, max_steps=4, learning_rate=3e-3,
+                lr_scheduler_type="constant", report_to=[], save_strategy="no", disable_tqdm=True, use_cpu=True,
+                dataloader_num_workers=0, seed=0, data_seed=0)
+    trainer = transformers.Trainer(model=resumed, args=transformers.TrainingArguments(**args),
+                                   train_dataset=ByteChunks())
+    trainer.train(resume_from_checkpoint=str(tmp_path / "trainer" / "checkpoint-2"))
+    assert torch.equal(resumed.get_submodule(name).weight.block_mask(), first.get_submodule(name).weight.block_mask())
+    for (key, p), q in zip(first.named_parameters(), resumed.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=key)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 mixed precision needs a CUDA GPU (none visible)")
 def test_trainer_fp16_cuda_lowers_the_loss(tmp_path):
