@@ -2,6 +2,7 @@
 masks on dense layers, gradual pruning (cubic schedule, Trainer callback) and transposable 2:4 masks."""
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -419,3 +420,24 @@ def test_transposable_errors():
         transposable_nm_mask(torch.randn(8, 8), "1:4")
     with pytest.raises(ValueError, match="norm='max' must be 'l1' or 'l2'"):
         kept_magnitude(torch.randn(4, 4), torch.ones(4, 4, dtype=torch.bool), "max")
+
+
+# ------------------------------------------------------------------------------------------- accuracy study
+def test_accuracy_study_script_runs_with_tiny_settings(tmp_path, capsys):
+    import importlib.util
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "accuracy_study.py")
+    spec = importlib.util.spec_from_file_location("accuracy_study", path)
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    out = tmp_path / "results.json"
+    study.main(["--seeds", "0", "--steps", "4", "--finetune-steps", "2", "--d", "32", "--heads", "2",
+                "--context", "16", "--batch-size", "4", "--update-frequency", "2", "--threads", "1",
+                "--json", str(out)])
+    printed = capsys.readouterr().out
+    results = json.loads(out.read_text())["results"]
+    for name in ("dense", "2:4 + fine-tune (l2)", "2:4 transposable + fine-tune (l1)", "block static", "block RigL"):
+        assert f"| {name} |" in printed and math.isfinite(results[name]["mean"])
+    assert results["dense"]["relative"] == 0.0

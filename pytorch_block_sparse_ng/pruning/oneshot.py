@@ -91,8 +91,7 @@ def compute_masks(model: nn.Module, rules: Rules, *, score: str = "l2", calibrat
                   forward: Optional[Callable[[nn.Module, Any], Any]] = None,
                   input_norms: Optional[Dict[str, torch.Tensor]] = None, global_density: Optional[float] = None,
                   min_density: float = 0.0, progress: bool = True, _densities: Optional[Dict[str, float]] = None,
-                  _nm_keep: Optional[Dict[str, int]] = None, _weights: Optional[Dict[str, torch.Tensor]] = None,
-                  _owner: str = "compute_masks") -> Dict[str, LayerMask]:
+                  _nm_keep: Optional[Dict[str, int]] = None, _owner: str = "compute_masks") -> Dict[str, LayerMask]:
     """Choose a mask for every layer the ``rules`` match (see spec.py for the rule format); the model is not
     changed.
 
@@ -134,8 +133,7 @@ def compute_masks(model: nn.Module, rules: Rules, *, score: str = "l2", calibrat
     result: Dict[str, LayerMask] = {}
     for name in tqdm(specs, desc="pruning", unit="layer", disable=not progress):
         module, spec = layers[name]
-        weight = None if _weights is None else _weights.get(name)
-        scores = element_scores(module, spec.score or score, (input_norms or {}).get(name), weight)
+        scores = element_scores(module, spec.score or score, (input_norms or {}).get(name))
         if spec.is_nm:
             n, m = spec.nm
             keep = n if _nm_keep is None else _nm_keep[name]
