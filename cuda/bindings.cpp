@@ -41,16 +41,16 @@ constexpr const char* kSdd = "pytorch_block_sparse_ng._C.sdd";
 DType dtype_of(const at::Tensor& t) { return t.scalar_type() == at::kHalf ? DType::kFloat16 : DType::kBFloat16; }
 
 void check_launch(cudaError_t err, const char* fn) {
-  TORCH_CHECK(err == cudaSuccess, fn, ": kernel launch failed: ", cudaGetErrorString(err),
+  TORCH_CHECK(err == cudaSuccess, cat(fn, ": kernel launch failed: ", cudaGetErrorString(err),
               err == cudaErrorNoKernelImageForDevice
                   ? " (this build has no kernel for this GPU; it was built for archs " PBSNG_BUILD_ARCHS
                     "; rebuild with PYTORCH_BLOCK_SPARSE_NG_CUDA_ARCHS set to include it)"
-                  : "");
+                  : ""));
 }
 
 // The block size from data [nnz, B, B] (or block_shape), and the checks shared by the three products.
 int check_block(int64_t br, int64_t bc, const char* fn, const char* what) {
-  TORCH_CHECK_VALUE(br == bc && block_size_supported(int(br)), fn, ": ", what, "=(", br, ", ", bc,
+  PBSNG_CHECK_VALUE(br == bc && block_size_supported(int(br)), fn, ": ", what, "=(", br, ", ", bc,
                     ") is not supported by the CUDA kernels: square blocks of 32, 64 or 128 only");
   return int(br);
 }
@@ -65,9 +65,9 @@ Pattern check_pattern(const at::Tensor& row_offsets, const at::Tensor& col_indic
                       int64_t nnz, const at::Tensor& ref, const char* fn) {
   check_defined(row_offsets, fn, "row_offsets");
   check_defined(col_offsets_t, fn, "col_offsets_t");
-  TORCH_CHECK_VALUE(row_offsets.dim() == 1 && row_offsets.numel() >= 1, fn, ": row_offsets must be 1-D with R + 1 >= 1 "
+  PBSNG_CHECK_VALUE(row_offsets.dim() == 1 && row_offsets.numel() >= 1, fn, ": row_offsets must be 1-D with R + 1 >= 1 "
                     "entries, got shape ", shape_str(row_offsets));
-  TORCH_CHECK_VALUE(col_offsets_t.dim() == 1 && col_offsets_t.numel() >= 1, fn, ": col_offsets_t must be 1-D with "
+  PBSNG_CHECK_VALUE(col_offsets_t.dim() == 1 && col_offsets_t.numel() >= 1, fn, ": col_offsets_t must be 1-D with "
                     "C + 1 >= 1 entries, got shape ", shape_str(col_offsets_t));
   Pattern p{row_offsets.numel() - 1, col_offsets_t.numel() - 1, nnz};
   check_index(row_offsets, p.n_block_rows + 1, ref, fn, "row_offsets", "R + 1");
@@ -76,14 +76,14 @@ Pattern check_pattern(const at::Tensor& row_offsets, const at::Tensor& col_indic
   check_index(col_offsets_t, p.n_block_cols + 1, ref, fn, "col_offsets_t", "C + 1");
   check_index(row_indices_t, nnz, ref, fn, "row_indices_t", "one per kept block");
   check_index(perm_t, nnz, ref, fn, "perm_t", "one per kept block");
-  TORCH_CHECK_VALUE(nnz <= p.n_block_rows * p.n_block_cols, fn, ": ", nnz, " kept blocks do not fit a ",
+  PBSNG_CHECK_VALUE(nnz <= p.n_block_rows * p.n_block_cols, fn, ": ", nnz, " kept blocks do not fit a ",
                     p.n_block_rows, " x ", p.n_block_cols, " block grid");
   return p;
 }
 
 void check_rows(int64_t m, int block_m_tile, const char* fn, const char* name) {
   // grid.y = ceil(M / 128) must stay under 65536
-  TORCH_CHECK_VALUE((m + block_m_tile - 1) / block_m_tile <= 65535, fn, ": ", name, " has ", m,
+  PBSNG_CHECK_VALUE((m + block_m_tile - 1) / block_m_tile <= 65535, fn, ": ", name, " has ", m,
                     " rows; at most ", int64_t(65535) * block_m_tile, " are supported");
 }
 
@@ -98,7 +98,7 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   const Pattern pat = check_pattern(row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t,
                                     data.size(0), x, kDsd);
   const int64_t n = pat.n_block_rows * block, k = pat.n_block_cols * block;
-  TORCH_CHECK_VALUE(x.size(1) == k, kDsd, ": x.shape=", shape_str(x), " must be (M, in_features=", k,
+  PBSNG_CHECK_VALUE(x.size(1) == k, kDsd, ": x.shape=", shape_str(x), " must be (M, in_features=", k,
                     ") for a weight of ", pat.n_block_cols, " block columns of ", block);
   check_rows(x.size(0), 128, kDsd, "x");
   const at::Tensor* b = nullptr;
@@ -108,7 +108,7 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
     check_same_device(*b, x, kDsd, "bias", "x");
     check_same_dtype(*b, x, kDsd, "bias", "x");
     check_contiguous(*b, kDsd, "bias");
-    TORCH_CHECK_VALUE(b->dim() == 1 && b->size(0) == n, kDsd, ": bias.shape=", shape_str(*b),
+    PBSNG_CHECK_VALUE(b->dim() == 1 && b->size(0) == n, kDsd, ": bias.shape=", shape_str(*b),
                       " must be (out_features=", n, ",)");
   }
   c10::cuda::CUDAGuard guard(x.device());
@@ -133,7 +133,7 @@ at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& r
   const Pattern pat = check_pattern(row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t,
                                     data.size(0), dy, kDds);
   const int64_t n = pat.n_block_rows * block, k = pat.n_block_cols * block;
-  TORCH_CHECK_VALUE(dy.size(1) == n, kDds, ": dy.shape=", shape_str(dy), " must be (M, out_features=", n,
+  PBSNG_CHECK_VALUE(dy.size(1) == n, kDds, ": dy.shape=", shape_str(dy), " must be (M, out_features=", n,
                     ") for a weight of ", pat.n_block_rows, " block rows of ", block);
   check_rows(dy.size(0), 128, kDds, "dy");
   c10::cuda::CUDAGuard guard(dy.device());
@@ -165,15 +165,15 @@ at::Tensor sdd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_
   check_operand(x, 2, kSdd, "x");
   check_same_device(x, dy, kSdd, "x", "dy");
   check_same_dtype(x, dy, kSdd, "x", "dy");
-  TORCH_CHECK_VALUE(block_shape.size() == 2, kSdd, ": block_shape must have 2 entries, got ", block_shape.size());
+  PBSNG_CHECK_VALUE(block_shape.size() == 2, kSdd, ": block_shape must have 2 entries, got ", block_shape.size());
   const int block = check_block(block_shape[0], block_shape[1], kSdd, "block_shape");
   check_defined(col_indices, kSdd, "col_indices");
   const Pattern pat = check_pattern(row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t,
                                     col_indices.numel(), dy, kSdd);
   const int64_t n = pat.n_block_rows * block, k = pat.n_block_cols * block;
-  TORCH_CHECK_VALUE(dy.size(1) == n, kSdd, ": dy.shape=", shape_str(dy), " must be (M, out_features=", n, ")");
-  TORCH_CHECK_VALUE(x.size(1) == k, kSdd, ": x.shape=", shape_str(x), " must be (M, in_features=", k, ")");
-  TORCH_CHECK_VALUE(x.size(0) == dy.size(0), kSdd, ": x.shape=", shape_str(x), " and dy.shape=", shape_str(dy),
+  PBSNG_CHECK_VALUE(dy.size(1) == n, kSdd, ": dy.shape=", shape_str(dy), " must be (M, out_features=", n, ")");
+  PBSNG_CHECK_VALUE(x.size(1) == k, kSdd, ": x.shape=", shape_str(x), " must be (M, in_features=", k, ")");
+  PBSNG_CHECK_VALUE(x.size(0) == dy.size(0), kSdd, ": x.shape=", shape_str(x), " and dy.shape=", shape_str(dy),
                     " must have the same number of rows M");
   c10::cuda::CUDAGuard guard(dy.device());
   const int64_t m = dy.size(0), nnz = pat.nnz;
