@@ -42,6 +42,7 @@ DENSE_STEPS = 1500 if FULL else 300       # training the dense baseline
 RECOVER_STEPS = 300 if FULL else 60       # fine-tuning after pruning
 WINDOW = 24                               # words per example
 BATCH = 32
+TIMING_REPEATS = 20                       # timed forward passes per model
 OUTPUT_DIR = None                         # None: a temporary directory
 
 # %%
@@ -237,7 +238,7 @@ plt.show()
 # package's kernels when they are built (`kernels_available()`).
 
 # %%
-def time_inference(model, repeats=20):
+def time_inference(model, repeats=TIMING_REPEATS):
     model.eval()
     batch = {k: torch.stack([b[k] for b in eval_set[:BATCH]]).to(device) for k in ("input_ids", "attention_mask")}
     dtype = torch.float16 if device == "cuda" else torch.float32

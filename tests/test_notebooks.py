@@ -41,7 +41,7 @@ def test_committed_ipynb_match_their_sources():
 @pytest.mark.slow
 def test_01_sparse_roberta_mlm(tmp_path):
     out = run_notebook("01_sparse_roberta_mlm",
-                       f"MAX_STEPS = 6; HIDDEN = 64; BATCH = 8; OUTPUT_DIR = {str(tmp_path)!r}")
+                       f"MAX_STEPS = 5; HIDDEN = 32; BATCH = 8; OUTPUT_DIR = {str(tmp_path)!r}")
     assert "whole model" in out and "outputs bit-identical: True" in out
     assert "reloaded layers: BlockSparseLinear" in out
 
@@ -49,7 +49,8 @@ def test_01_sparse_roberta_mlm(tmp_path):
 @pytest.mark.slow
 def test_02_prune_bert(tmp_path):
     out = run_notebook("02_prune_bert_2to4_and_blocks",
-                       f"DENSE_STEPS = 10; RECOVER_STEPS = 4; OUTPUT_DIR = {str(tmp_path)!r}")
+                       f"DENSE_STEPS = 8; RECOVER_STEPS = 3; HIDDEN = 32; TIMING_REPEATS = 2; "
+                       f"OUTPUT_DIR = {str(tmp_path)!r}")
     assert "12 layers -> ['SemiStructuredLinear']" in out and "12 layers -> ['BlockSparseLinear']" in out
     assert out.count("outputs bit-identical: True") == 2
 
