@@ -109,19 +109,32 @@ def _sdd_fake(dy, x, row_offsets, col_indices, row_indices, col_offsets_t, row_i
 
 
 # ------------------------------------------------------------------------------------------------ API for backend.py
+# In eager mode on plain tensors the bindings are called directly: going through the dispatcher costs tens of
+# microseconds per call, more than the kernels themselves take at small sizes. Under torch.compile / export
+# tracing (or for tensor subclasses such as FakeTensor) the custom ops are used, so graphs hold them.
+def _eager(t: Tensor) -> bool:
+    return type(t) is Tensor and not torch.compiler.is_compiling()
+
+
 def dsd(x: Tensor, data: Tensor, bias: Optional[Tensor], *index: Tensor) -> Tensor:
     """y (M, N) = x (M, K) Wᵀ + bias."""
+    if _eager(x):
+        return _C.dsd(_aligned(x), _aligned(data), bias if bias is None else bias.contiguous(), *index)
     return _dsd(x, data, bias, *index)
 
 
 def dds(dy: Tensor, data: Tensor, *index: Tensor) -> Tensor:
     """dx (M, K) = dy (M, N) W."""
+    if _eager(dy):
+        return _C.dds(_aligned(dy), _aligned(data), *index)
     return _dds(dy, data, *index)
 
 
 def sdd(dy: Tensor, x: Tensor, *args) -> Tensor:
     """dW_b [nnz, BR, BC] = dyᵀ x on the kept blocks. ``args`` = the six index tensors, then block_shape."""
     *index, block_shape = args
+    if _eager(x):
+        return _C.sdd(_aligned(dy), _aligned(x), *index, [int(b) for b in block_shape])
     return _sdd(dy, x, *index, [int(b) for b in block_shape])
 
 

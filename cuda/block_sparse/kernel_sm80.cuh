@@ -20,6 +20,8 @@
 // on load and never stored. Index contents are trusted (built by layout.py); sizes are checked by bindings.cpp.
 #pragma once
 
+#include <atomic>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -361,17 +363,26 @@ __global__ void __launch_bounds__(Cfg::kThreads) sdd_kernel(SddParams p) {
 }
 
 // ---------------------------------------------------------------------------------------------- launch
-template <class Kernel>
-inline cudaError_t prepare(Kernel kernel, int smem_bytes) {
+// Raise the kernel's dynamic shared-memory limit once per device (a host call that costs microseconds).
+template <auto Kernel>
+inline cudaError_t prepare(int smem_bytes) {
   if (smem_bytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  static std::atomic<unsigned long long> done{0};  // one bit per device, per kernel instantiation
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const unsigned long long bit = device < 64 ? (1ull << device) : 0ull;
+  if (bit != 0 && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
+  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err == cudaSuccess) done.fetch_or(bit, std::memory_order_relaxed);
+  return err;
 }
 
 template <class Cfg>
 cudaError_t launch_dsd(const DsdParams& p, cudaStream_t stream) {
   if (p.m == 0 || p.n_block_rows == 0) return cudaSuccess;
   auto kernel = dsd_kernel<Cfg>;
-  cudaError_t err = prepare(kernel, Cfg::kSmemBytes);
+  cudaError_t err = prepare<dsd_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   dim3 grid(p.n_block_rows, unsigned((p.m + Cfg::BM - 1) / Cfg::BM));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
@@ -382,7 +393,7 @@ template <class Cfg>
 cudaError_t launch_dds(const DdsParams& p, cudaStream_t stream) {
   if (p.m == 0 || p.n_block_cols == 0) return cudaSuccess;
   auto kernel = dds_kernel<Cfg>;
-  cudaError_t err = prepare(kernel, Cfg::kSmemBytes);
+  cudaError_t err = prepare<dds_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   dim3 grid(p.n_block_cols, unsigned((p.m + Cfg::BM - 1) / Cfg::BM));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
@@ -393,7 +404,7 @@ template <class Cfg>
 cudaError_t launch_sdd(const SddParams& p, cudaStream_t stream) {
   if (p.nnz == 0) return cudaSuccess;
   auto kernel = sdd_kernel<Cfg>;
-  cudaError_t err = prepare(kernel, Cfg::kSmemBytes);
+  cudaError_t err = prepare<sdd_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   dim3 grid(unsigned(p.nnz), unsigned(p.splits));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
