@@ -47,12 +47,17 @@ _BLOCK_SIZES = tuple(_C.supported_block_sizes())
 _device_ok = {}
 
 
-def device_supported(device: torch.device) -> bool:
-    """Whether this build has kernel images for the GPU ``device`` (asked once per device)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+@torch.compiler.assume_constant_result
+def _device_supported_index(index: int) -> bool:
     if index not in _device_ok:
         _device_ok[index] = bool(_C.device_supported(index))
     return _device_ok[index]
+
+
+def device_supported(device: torch.device) -> bool:
+    """Whether this build has kernel images for the GPU ``device`` (asked once per device; a constant for
+    torch.compile)."""
+    return _device_supported_index(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def supports(x: Tensor, data: Tensor) -> bool:

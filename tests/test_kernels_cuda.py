@@ -181,6 +181,26 @@ def test_opcheck(dtype):
 
 @pytest.mark.cuda
 @requires_kernels
+def test_torch_compile_fullgraph_forward_and_backward():
+    """torch.compile(fullgraph=True) traces BlockSparseLinear through the custom ops, forward and backward."""
+    torch._dynamo.reset()
+    generator = torch.Generator().manual_seed(5)
+    layer = BlockSparseLinear(256, 384, density=0.5, block_shape=(64, 64), generator=generator).cuda().half()
+    x = torch.randn(2, 33, 256, generator=generator).cuda().half()
+    expected = layer(x)
+    expected.float().square().sum().backward()
+    grads = [p.grad.clone() for p in (layer.weight.data, layer.bias)]
+    layer.zero_grad(set_to_none=True)
+    compiled = torch.compile(layer, fullgraph=True)
+    y = compiled(x)
+    y.float().square().sum().backward()
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+    for got, want in zip((layer.weight.data.grad, layer.bias.grad), grads):
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.cuda
+@requires_kernels
 def test_empty_and_zero_row_cases():
     generator = torch.Generator().manual_seed(11)
     w = BlockSparseMatrix.randn((256, 256), density=0.0, block_shape=(32, 32), generator=generator).to("cuda")
