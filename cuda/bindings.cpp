@@ -87,6 +87,17 @@ void check_rows(int64_t m, int block_m_tile, const char* fn, const char* name) {
                     " rows; at most ", int64_t(65535) * block_m_tile, " are supported");
 }
 
+int multiprocessor_count(int device) {
+  static int counts[64] = {0};
+  if (device < 0 || device >= 64) return 108;
+  if (counts[device] == 0) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) n = 108;
+    counts[device] = n;
+  }
+  return counts[device];
+}
+
 at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<at::Tensor>& bias,
                const at::Tensor& row_offsets, const at::Tensor& col_indices, const at::Tensor& row_indices,
                const at::Tensor& col_offsets_t, const at::Tensor& row_indices_t, const at::Tensor& perm_t) {
@@ -112,14 +123,32 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
                       " must be (out_features=", n, ",)");
   }
   c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor y = at::empty({x.size(0), n}, x.options());
-  DsdParams p{x.data_ptr(), data.data_ptr(), b ? b->data_ptr() : nullptr, y.data_ptr(),
-              row_offsets.data_ptr<int32_t>(), col_indices.data_ptr<int32_t>(), x.size(0),
-              int(pat.n_block_rows), int(pat.n_block_cols), block};
+  const int64_t m = x.size(0);
+  // Few rows of M (decode): R x ceil(M / 128) CTAs cannot fill the GPU, so split each block row's blocks
+  // over several CTAs (fp32 partial sums added atomically, then bias and rounding).
+  const int64_t ctas = pat.n_block_rows * ((m + 127) / 128);
+  const int64_t sms = multiprocessor_count(x.device().index());
+  int64_t splits = 1;
+  if (pat.nnz > 0 && ctas > 0 && ctas < sms) {
+    const int64_t blocks_per_row = (pat.nnz + pat.n_block_rows - 1) / pat.n_block_rows;
+    splits = std::max<int64_t>(1, std::min<int64_t>({(2 * sms + ctas - 1) / ctas, blocks_per_row / 2, 64}));
+  }
+  at::Tensor y, y_f32;
+  if (splits > 1) {
+    y_f32 = at::zeros({m, n}, x.options().dtype(at::kFloat));
+  } else {
+    y = at::empty({m, n}, x.options());
+  }
+  DsdParams p{x.data_ptr(), data.data_ptr(), b ? b->data_ptr() : nullptr, splits > 1 ? nullptr : y.data_ptr(),
+              splits > 1 ? y_f32.data_ptr<float>() : nullptr, row_offsets.data_ptr<int32_t>(),
+              col_indices.data_ptr<int32_t>(), m, int(pat.n_block_rows), int(pat.n_block_cols), block,
+              int(splits)};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
   check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_sm80<DType::kFloat16>(p, stream)
                                               : launch_dsd_sm80<DType::kBFloat16>(p, stream), kDsd);
-  return y;
+  if (splits == 1) return y;
+  if (b != nullptr) y_f32.add_(*b);
+  return y_f32.to(x.scalar_type());
 }
 
 at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& row_offsets,
@@ -145,17 +174,6 @@ at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& r
   check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm80<DType::kFloat16>(p, stream)
                                                : launch_dds_sm80<DType::kBFloat16>(p, stream), kDds);
   return dx;
-}
-
-int multiprocessor_count(int device) {
-  static int counts[64] = {0};
-  if (device < 0 || device >= 64) return 108;
-  if (counts[device] == 0) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) n = 108;
-    counts[device] = n;
-  }
-  return counts[device];
 }
 
 at::Tensor sdd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_offsets,

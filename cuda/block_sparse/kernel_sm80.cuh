@@ -221,6 +221,20 @@ __device__ __forceinline__ void store_tile(Accum const& tCrC, typename Cfg::T* o
   }
 }
 
+// Add the CTA's accumulator tile into an fp32 tile at out (row stride ld), rows >= rows_valid skipped.
+template <class Cfg, class Accum>
+__device__ __forceinline__ void add_tile_atomic(Accum const& tCrC, float* out, int64_t ld, int64_t rows_valid) {
+  using namespace cute;
+  typename Cfg::TiledMma mma;
+  auto thr_mma = mma.get_slice(threadIdx.x);
+  Tensor tCcC = thr_mma.partition_C(make_identity_tensor(make_shape(Int<Cfg::BM>{}, Int<Cfg::BN>{})));
+  CUTE_UNROLL
+  for (int i = 0; i < size(tCrC); ++i) {
+    const int r = get<0>(tCcC(i));
+    if (r < rows_valid) atomicAdd(out + int64_t(r) * ld + get<1>(tCcC(i)), tCrC(i));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------- dsd
 template <class Cfg>
 struct DsdSource {
@@ -251,19 +265,26 @@ __global__ void __launch_bounds__(Cfg::kThreads) dsd_kernel(DsdParams p) {
   const int r = blockIdx.x;  // block row: neighbouring CTAs share the x tile, the weights stay in L2
   const int64_t m0 = int64_t(blockIdx.y) * Cfg::BM;
   const int64_t K = int64_t(p.n_block_cols) * Cfg::BN, N = int64_t(p.n_block_rows) * Cfg::BN;
-  const int begin = __ldg(p.row_offsets + r);
-  const int count = __ldg(p.row_offsets + r + 1) - begin;
+  const int row_begin = __ldg(p.row_offsets + r);
+  const int count = __ldg(p.row_offsets + r + 1) - row_begin;
+  const int per_split = (count + p.splits - 1) / p.splits;  // this CTA's share of the row's blocks
+  const int begin = row_begin + min(count, int(blockIdx.z) * per_split);
+  const int end = row_begin + min(count, int(blockIdx.z + 1) * per_split);
 
   typename Cfg::TiledMma mma;
   auto tCrC = partition_fragment_C(mma, cute::Shape<cute::Int<Cfg::BM>, cute::Int<Cfg::BN>>{});
   cute::clear(tCrC);
   const T* x = static_cast<const T*>(p.x);
-  DsdSource<Cfg> src{x + m0 * K, static_cast<const T*>(p.data), p.col_indices, begin, begin + count, K, p.m - m0};
-  const int num_tiles = count * DsdSource<Cfg>::kTilesPerBlock;
+  DsdSource<Cfg> src{x + m0 * K, static_cast<const T*>(p.data), p.col_indices, begin, end, K, p.m - m0};
+  const int num_tiles = (end - begin) * DsdSource<Cfg>::kTilesPerBlock;
   if (num_tiles > 0) mainloop<Cfg>(tCrC, smem, num_tiles, src);
-  const T* bias = static_cast<const T*>(p.bias);
-  store_tile<Cfg>(tCrC, static_cast<T*>(p.y) + m0 * N + int64_t(r) * Cfg::BN, N, p.m - m0,
-                  bias == nullptr ? nullptr : bias + int64_t(r) * Cfg::BN);
+  if (p.splits == 1) {
+    const T* bias = static_cast<const T*>(p.bias);
+    store_tile<Cfg>(tCrC, static_cast<T*>(p.y) + m0 * N + int64_t(r) * Cfg::BN, N, p.m - m0,
+                    bias == nullptr ? nullptr : bias + int64_t(r) * Cfg::BN);
+  } else if (num_tiles > 0) {
+    add_tile_atomic<Cfg>(tCrC, p.y_f32 + m0 * N + int64_t(r) * Cfg::BN, N, p.m - m0);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------- dds
@@ -352,13 +373,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) sdd_kernel(SddParams p) {
   if (p.splits == 1) {
     store_tile<Cfg>(tCrC, static_cast<T*>(p.out) + j * Cfg::BM * Cfg::BN, Cfg::BN, Cfg::BM, nullptr);
   } else if (t1 > t0) {
-    auto thr_mma = mma.get_slice(threadIdx.x);
-    Tensor tCcC = thr_mma.partition_C(make_identity_tensor(make_shape(Int<Cfg::BM>{}, Int<Cfg::BN>{})));
-    float* out = p.out_f32 + j * Cfg::BM * Cfg::BN;
-    CUTE_UNROLL
-    for (int i = 0; i < size(tCrC); ++i) {
-      atomicAdd(out + get<0>(tCcC(i)) * Cfg::BN + get<1>(tCcC(i)), tCrC(i));
-    }
+    add_tile_atomic<Cfg>(tCrC, p.out_f32 + j * Cfg::BM * Cfg::BN, Cfg::BN, Cfg::BM);
   }
 }
 
@@ -384,7 +399,7 @@ cudaError_t launch_dsd(const DsdParams& p, cudaStream_t stream) {
   auto kernel = dsd_kernel<Cfg>;
   cudaError_t err = prepare<dsd_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  dim3 grid(p.n_block_rows, unsigned((p.m + Cfg::BM - 1) / Cfg::BM));
+  dim3 grid(p.n_block_rows, unsigned((p.m + Cfg::BM - 1) / Cfg::BM), unsigned(p.splits));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }

@@ -12,18 +12,22 @@ namespace pbsng {
 
 enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
 
-// y (M, N) = x (M, K) W^T + bias.  One CTA per (block row, tile of M rows).
+// y (M, N) = x (M, K) W^T + bias.  One CTA per (block row, tile of M rows, split of the row's blocks).
+// With splits > 1 (few rows of M: too few CTAs otherwise) each CTA adds its partial sum atomically into
+// `y_f32` (zeroed by the caller, no bias); the caller adds the bias and rounds.
 struct DsdParams {
   const void* x;            // (M, K) row-major
   const void* data;         // [nnz, B, B]
-  const void* bias;         // (N,) or nullptr
-  void* y;                  // (M, N) row-major
+  const void* bias;         // (N,) or nullptr (splits == 1 only)
+  void* y;                  // (M, N) row-major (splits == 1)
+  float* y_f32;             // (M, N) fp32, zeroed (splits > 1)
   const int32_t* row_offsets;  // [R + 1]
   const int32_t* col_indices;  // [nnz]
   int64_t m;
   int n_block_rows;         // R = N / B
   int n_block_cols;         // C = K / B
   int block;                // B
+  int splits;               // CTAs sharing one block row's blocks
 };
 
 // dx (M, K) = dy (M, N) W, through the column-major index. One CTA per (block column, tile of M rows).
