@@ -418,6 +418,9 @@ def from_pretrained(model_class, pretrained_model_name_or_path, **kwargs):
     for name, entry in layers.items():
         where = f"{owner}: layer '{name}'"
         dense = _dense_site(model, _name_in(model, name), entry, where)
+        if dense.weight.device.type == "meta":
+            raise ValueError(f"{where}: transformers left this layer on the meta device (offloaded by device_map?); "
+                             f"sparse layers must be loaded onto a real device")
         layer = _placeholder(entry, dense.weight.device, dense.weight.dtype, where)
         prefix = name + "."
         own = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}

@@ -236,6 +236,20 @@ def test_mismatched_dense_tensor_outside_sparse_layers_raises(tmp_path):
         bs.from_pretrained(transformers.AutoModelForMaskedLM, tmp_path)
 
 
+def test_layer_left_on_the_meta_device_raises(tmp_path):
+    build("roberta").save_pretrained(tmp_path)
+
+    class Offloading:  # what an offloading device_map leaves: the dense layer on the meta device
+        @staticmethod
+        def from_pretrained(path, **kwargs):
+            model, info = transformers.AutoModelForMaskedLM.from_pretrained(path, **kwargs)
+            model.get_submodule(LAYER).to("meta")
+            return model, info
+
+    with pytest.raises(ValueError, match=r"layer '" + LAYER + "'.*meta device"):
+        bs.from_pretrained(Offloading, tmp_path)
+
+
 def test_dense_checkpoint_raises(tmp_path):
     build("roberta", patched=False).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="no 'pytorch_block_sparse_ng' entry in config.json"):
