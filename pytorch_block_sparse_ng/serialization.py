@@ -422,8 +422,11 @@ def from_pretrained(model_class, pretrained_model_name_or_path, **kwargs):
             raise ValueError(f"{where}: transformers left this layer on the meta device (offloaded by device_map?); "
                              f"sparse layers must be loaded onto a real device")
         layer = _placeholder(entry, dense.weight.device, dense.weight.dtype, where)
-        prefix = name + "."
-        own = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        own = {}
+        for prefix in (name + ".", _name_in(model, name) + "."):  # as recorded; as in the model (a patched
+            own = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}  # base model)
+            if own:
+                break
         _load_layer(layer, own, entry, where)
         layer.train(dense.training)
         new[name] = layer

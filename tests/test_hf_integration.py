@@ -144,6 +144,20 @@ def test_base_model_from_a_checkpoint_with_a_head(tmp_path):
         assert torch.equal(base(ids()).last_hidden_state, model.roberta(ids()).last_hidden_state)
 
 
+def test_patching_the_base_model_of_a_model_with_a_head(tmp_path):
+    """Rules applied to model.roberta record names relative to it, in the config both share."""
+    model = build("roberta", patched=False)
+    patcher = BlockSparseModelPatcher()
+    patcher.add_pattern(r"encoder\.layer\.[0-9]+\.intermediate\.dense", {"density": 0.5, "block_shape": (16, 16)})
+    patcher.patch_model(model.roberta)
+    assert list(model.config.pytorch_block_sparse_ng["layers"])[0] == "encoder.layer.0.intermediate.dense"
+    model.save_pretrained(tmp_path)
+    loaded = bs.from_pretrained(transformers.AutoModelForMaskedLM, tmp_path)
+    assert list(sparse_types(loaded)) == ["roberta.encoder.layer.0.intermediate.dense",
+                                          "roberta.encoder.layer.1.intermediate.dense"]
+    assert torch.equal(logits(loaded), logits(model))
+
+
 def test_sharded_checkpoint(tmp_path):
     model = build("llama")
     model.save_pretrained(tmp_path, max_shard_size="40KB")
