@@ -55,7 +55,7 @@ def test_performance_page_tables_from_records(tmp_path):
     assert "No benchmark results" not in text
 
 
-@pytest.mark.parametrize("page", ["api.md", "migration.md", "performance.md", "troubleshooting.md"])
+@pytest.mark.parametrize("page", ["api.md", "migration.md", "performance.md", "troubleshooting.md", "huggingface.md"])
 def test_relative_links_resolve(page):
     text = open(os.path.join(DOC, page), encoding="utf-8").read()
     for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
