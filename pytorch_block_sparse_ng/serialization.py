@@ -352,6 +352,14 @@ def _under(key: str, names) -> bool:
     return any(key == name or key.startswith(name + ".") for name in names)
 
 
+def _has_module(model: nn.Module, name: str) -> bool:
+    try:
+        model.get_submodule(name)
+        return True
+    except AttributeError:
+        return False
+
+
 def _name_in(model: nn.Module, name: str) -> str:
     """``name`` as saved -> the same layer's name in ``model``: transformers loads a base model's checkpoint into
     a model with a head (and back) by adding (or dropping) ``base_model_prefix``."""
@@ -360,12 +368,8 @@ def _name_in(model: nn.Module, name: str) -> str:
     if prefix:
         candidates += [f"{prefix}.{name}", name[len(prefix) + 1:] if name.startswith(prefix + ".") else None]
     for candidate in candidates:
-        if candidate:
-            try:
-                model.get_submodule(candidate)
-                return candidate
-            except AttributeError:
-                continue
+        if candidate and _has_module(model, candidate):
+            return candidate
     return name  # _dense_site reports it
 
 
@@ -407,6 +411,11 @@ def from_pretrained(model_class, pretrained_model_name_or_path, **kwargs):
                          f"(pass ignore_mismatched_sizes=True to initialise them afresh)")
     other_missing = sorted(k for k in info.get("missing_keys", ()) if not _under(k, names))
     other_unexpected = sorted(k for k in info.get("unexpected_keys", ()) if not _under(k, names))
+    unrecorded = sorted({k.rsplit(".", 2)[0] for k in other_unexpected if k.endswith(".weight.row_offsets")})
+    if unrecorded:  # a block-sparse layer the layout does not name would stay dense with random weights
+        raise ValueError(f"{owner}: the checkpoint holds block-sparse tensors for {unrecorded[:5]}, which the layout "
+                         f"in config.json does not record (a stale layout: re-save the model with "
+                         f"pytorch_block_sparse_ng.save_pretrained, which records it again)")
     if other_missing or other_unexpected:
         warnings.warn(f"{owner}: outside the sparse layers, transformers found missing keys {other_missing[:10]} "
                       f"(initialised afresh) and unexpected keys {other_unexpected[:10]} (ignored)", UserWarning,
@@ -414,25 +423,31 @@ def from_pretrained(model_class, pretrained_model_name_or_path, **kwargs):
 
     files = _checkpoint_files(pretrained_model_name_or_path, kwargs)
     tensors = _read_tensors(files, tuple(name + "." for name in names))
-    new = {}
+    new, unused = {}, []
     for name, entry in layers.items():
         where = f"{owner}: layer '{name}'"
-        dense = _dense_site(model, _name_in(model, name), entry, where)
-        if dense.weight.device.type == "meta":
-            raise ValueError(f"{where}: transformers left this layer on the meta device (offloaded by device_map?); "
-                             f"sparse layers must be loaded onto a real device")
-        layer = _placeholder(entry, dense.weight.device, dense.weight.dtype, where)
         own = {}
         for prefix in (name + ".", _name_in(model, name) + "."):  # as recorded; as in the model (a patched
             own = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}  # base model)
             if own:
                 break
+        if own and not _has_module(model, _name_in(model, name)):
+            unused.append(name)  # saved but not part of this model (a head loaded into a base model): as transformers
+            continue
+        dense = _dense_site(model, _name_in(model, name), entry, where)
+        if dense.weight.device.type == "meta":
+            raise ValueError(f"{where}: transformers left this layer on the meta device (offloaded by device_map?); "
+                             f"sparse layers must be loaded onto a real device")
+        layer = _placeholder(entry, dense.weight.device, dense.weight.dtype, where)
         _load_layer(layer, own, entry, where)
         layer.train(dense.training)
         new[name] = layer
     for name, layer in new.items():
         parent, _, child = _name_in(model, name).rpartition(".")
         setattr(model.get_submodule(parent), child, layer)
+    if unused:
+        warnings.warn(f"{owner}: sparse layers of the checkpoint that {type(model).__name__} does not have were not "
+                      f"used: {unused[:10]}", UserWarning, stacklevel=2)
     record_layout(model)  # names as in this model (a base model saved, a model with a head loaded, or back)
     if want_info:
         info = dict(info)

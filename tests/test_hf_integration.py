@@ -158,6 +158,21 @@ def test_patching_the_base_model_of_a_model_with_a_head(tmp_path):
     assert torch.equal(logits(loaded), logits(model))
 
 
+@pytest.mark.filterwarnings("ignore:.*outside the sparse layers:UserWarning")  # the dense lm_head parts, the pooler
+def test_sparse_head_not_in_the_loaded_model_is_left_out_with_a_warning(tmp_path):
+    model = build("roberta")
+    patcher = BlockSparseModelPatcher()
+    patcher.add_pattern(r"lm_head\.dense", {"density": 0.5, "block_shape": (16, 16)})
+    patcher.patch_model(model)
+    model.save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match=r"does not have were not used: \['lm_head.dense'\]"):
+        base = bs.from_pretrained(transformers.AutoModel, tmp_path)
+    assert "encoder.layer.0.intermediate.dense" in sparse_types(base)
+    assert "lm_head.dense" not in base.config.pytorch_block_sparse_ng["layers"]
+    with torch.no_grad():
+        assert torch.equal(base(ids()).last_hidden_state, model.roberta(ids()).last_hidden_state)
+
+
 def test_sharded_checkpoint(tmp_path):
     model = build("llama")
     model.save_pretrained(tmp_path, max_shard_size="40KB")
@@ -232,6 +247,13 @@ def test_layout_that_disagrees_with_the_tensors_raises(tmp_path):
     build("roberta").save_pretrained(tmp_path)
     _edit_config(tmp_path, lambda c: c["pytorch_block_sparse_ng"]["layers"][LAYER].update(nnz_blocks=15))
     with pytest.raises(ValueError, match=r"(?s)layer '" + LAYER + "'.*size mismatch"):
+        bs.from_pretrained(transformers.AutoModelForMaskedLM, tmp_path)
+
+
+def test_layer_missing_from_the_layout_raises(tmp_path):
+    build("roberta").save_pretrained(tmp_path)
+    _edit_config(tmp_path, lambda c: c["pytorch_block_sparse_ng"]["layers"].pop(LAYER))
+    with pytest.raises(ValueError, match=r"block-sparse tensors for \['" + LAYER + r"'\].*stale layout"):
         bs.from_pretrained(transformers.AutoModelForMaskedLM, tmp_path)
 
 
