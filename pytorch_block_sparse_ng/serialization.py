@@ -386,6 +386,10 @@ def from_pretrained(model_class, pretrained_model_name_or_path, **kwargs):
 
     Other keys follow transformers' rules (e.g. a new classification head is reported missing and initialised),
     re-emitted as a ``UserWarning``; sizes that do not match raise unless ``ignore_mismatched_sizes=True``.
+    Sparse layers the model class does not have (a head, loaded into a base model) are left out with a
+    ``UserWarning``; block-sparse tensors of a layer the layout does not name (a stale layout) raise.
+    Returns the model (and transformers' loading info, restricted to the keys outside the sparse layers, with
+    ``output_loading_info=True``).
     """
     owner = "pytorch_block_sparse_ng.from_pretrained"
     want_info = kwargs.pop("output_loading_info", False)
