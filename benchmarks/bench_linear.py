@@ -235,11 +235,14 @@ def plot(gpu, records, path, args):
     for ax, (m, k, n) in zip(axes[0], keys):
         rows = [r for r in records if (r["m"], r["k"], r["n"], r["dtype"]) == (m, k, n, args.dtypes[0])
                 and "speedup" in r and r["method"] != "dense"]
+        series = sorted({(r["method"], r["block"]) for r in rows})
+        colors = {key: plt.cm.tab10(i % 10) for i, key in enumerate(series)}
         for method, phase, block in sorted({(r["method"], r["phase"], r["block"]) for r in rows}):
             pts = sorted((r["density"], r["speedup"]) for r in rows
                          if (r["method"], r["phase"], r["block"]) == (method, phase, block))
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                    linestyle="-" if phase == "forward" else "--", label=f"{method} {phase} b{block}")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if phase == "forward" else "s",
+                    color=colors[(method, block)], linestyle="-" if phase == "forward" else "--",
+                    label=f"{method} {phase} b{block}")
         ax.axhline(1.0, color="k", linewidth=0.8)
         ax.set_title(f"M={m}, {k}->{n}, {args.dtypes[0]}")
         ax.set_xlabel("density (fraction of blocks kept)")
