@@ -48,7 +48,7 @@ OUTPUT_DIR = None                         # None: a temporary directory
 # %%
 import copy
 import os
-import re
+import statistics
 import tempfile
 import time
 
@@ -238,26 +238,32 @@ plt.show()
 # package's kernels when they are built (`kernels_available()`).
 
 # %%
-def time_inference(model, repeats=TIMING_REPEATS):
-    model.eval()
+def time_inference(models, repeats=TIMING_REPEATS):
+    """Median milliseconds per forward pass of each model. The models take turns (one pass each per round), so
+    that a slow spell of a shared machine hits them all alike; warm-up passes first."""
     batch = {k: torch.stack([b[k] for b in eval_set[:BATCH]]).to(device) for k in ("input_ids", "attention_mask")}
     dtype = torch.float16 if device == "cuda" else torch.float32
-    model = model.to(dtype)
+    for model in models.values():
+        model.eval().to(dtype)
+    times = {name: [] for name in models}
     with torch.no_grad():
-        for i in tqdm(range(repeats + 3), desc="timing", leave=False):
-            if i == 3:
+        for round_ in tqdm(range(repeats + 3), desc="timing"):
+            for name, model in models.items():
                 if device == "cuda":
                     torch.cuda.synchronize()
                 start = time.perf_counter()
-            model(**batch)
-        if device == "cuda":
-            torch.cuda.synchronize()
-    model.float()
-    return (time.perf_counter() - start) / repeats * 1e3
+                model(**batch)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                if round_ >= 3:
+                    times[name].append((time.perf_counter() - start) * 1e3)
+    for model in models.values():
+        model.float()
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 where = torch.cuda.get_device_name() if device == "cuda" else "CPU"
-timings = {"dense": time_inference(dense), **{name: time_inference(m) for name, m in pruned.items()}}
+timings = time_inference({"dense": dense, **pruned})
 for name, ms in timings.items():
     print(f"{where}: {name:16} {ms:8.2f} ms per batch of {BATCH} ({timings['dense'] / ms:.2f}x dense)")
 print(f"block-sparse kernels available: {bs.kernels_available()}")
