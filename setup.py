@@ -32,6 +32,9 @@ def cuda_extension_plan():
         return [], {}, "torch is not importable in the build environment (use pip install --no-build-isolation)"
     if torch.version.cuda is None:
         return [], {}, f"torch {torch.__version__} is a CPU-only build"
+    import sys
+
+    sys.path.insert(0, HERE)  # PEP 517 builds (pip install) do not put setup.py's folder on sys.path
     from cuda_build import extension_config  # noqa: E402  (kept apart: only needed for CUDA builds)
 
     return extension_config(HERE, CUDA_SOURCES)
