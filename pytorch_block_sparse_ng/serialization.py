@@ -415,6 +415,11 @@ def from_pretrained(model_class, pretrained_model_name_or_path, **kwargs):
                          f"(pass ignore_mismatched_sizes=True to initialise them afresh)")
     other_missing = sorted(k for k in info.get("missing_keys", ()) if not _under(k, names))
     other_unexpected = sorted(k for k in info.get("unexpected_keys", ()) if not _under(k, names))
+    masked = sorted({k.split(".parametrizations.")[0] for k in other_unexpected if ".parametrizations.weight." in k})
+    if masked:  # the dense weight transformers looked for is missing: it would be initialised at random
+        raise ValueError(f"{owner}: the checkpoint was saved with masks held on dense layers {masked[:5]} (pruning in "
+                         f"progress); convert them first (pytorch_block_sparse_ng.convert_masked_model) or bake them "
+                         f"in (remove_masks), then save")
     unrecorded = sorted({k.rsplit(".", 2)[0] for k in other_unexpected if k.endswith(".weight.row_offsets")})
     if unrecorded:  # a block-sparse layer the layout does not name would stay dense with random weights
         raise ValueError(f"{owner}: the checkpoint holds block-sparse tensors for {unrecorded[:5]}, which the layout "

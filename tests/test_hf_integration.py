@@ -257,6 +257,19 @@ def test_layer_missing_from_the_layout_raises(tmp_path):
         bs.from_pretrained(transformers.AutoModelForMaskedLM, tmp_path)
 
 
+def test_checkpoint_saved_with_pruning_masks_on_dense_layers_raises(tmp_path):
+    model = build("roberta")
+    layer = "roberta.encoder.layer.1.attention.self.query"
+    bs.prune_model(model, {layer.replace(".", r"\."): {"sparsity": "2:4"}}, convert=False, progress=False)
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"masks held on dense layers \['" + layer + r"'\].*convert_masked_model"):
+        bs.from_pretrained(transformers.AutoModelForMaskedLM, tmp_path)
+    bs.convert_masked_model(model)  # converted, the same model saves and loads
+    model.save_pretrained(tmp_path / "converted")
+    assert torch.equal(logits(bs.from_pretrained(transformers.AutoModelForMaskedLM, tmp_path / "converted")),
+                       logits(model))
+
+
 def test_configuration_of_other_sizes_raises(tmp_path):
     build("roberta").save_pretrained(tmp_path)
     _edit_config(tmp_path, lambda c: c.update(intermediate_size=256))
