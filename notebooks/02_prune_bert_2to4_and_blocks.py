@@ -235,7 +235,9 @@ plt.show()
 # On a CPU, `BlockSparseLinear` runs the pure-PyTorch reference path and `SemiStructuredLinear` a masked dense
 # product: the numbers below show the cost of that path, not a speed-up. On a GPU (fp16) 2:4 layers use
 # PyTorch's semi-structured sparse kernels where PyTorch supports the GPU, and block-sparse layers the
-# package's kernels when they are built (`kernels_available()`).
+# package's kernels when they are built (`kernels_available()`). At the small default sizes fixed per-call
+# costs dominate and sparse layers are slower than dense ones on any device; gains need large layers and large
+# batches (doc/performance.md has the kernel measurements, when there are any).
 
 # %%
 def time_inference(models, repeats=TIMING_REPEATS):
