@@ -135,6 +135,8 @@ def extension_config(here, sources):
                     os.path.join(cutlass, "tools", "util", "include")]
     archs_token = "_".join(a + ("ptx" if p else "") for a, p in archs)  # a pp-number, stringized in C++
     common = ["-O3", "-DNDEBUG", f"-DPBSNG_ARCHS_TOKEN={archs_token}"]
+    if any(arch == "90a" for arch, _ in archs):
+        common.append("-DPBSNG_WITH_SM90A")  # the host dispatches dsd to the wgmma kernels on sm_90
     nvcc = common + ["--expt-relaxed-constexpr", "--expt-extended-lambda",
                      "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
                      "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",

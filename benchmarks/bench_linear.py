@@ -93,6 +93,8 @@ def run(args):
     device = torch.device("cuda")
     gpu = torch.cuda.get_device_name(device)
     assert backend.kernels_available(), "the CUDA extension is not built: pip install --no-build-isolation -e ."
+    from pytorch_block_sparse_ng import _C, _ops
+
     stk = try_import_stk() if not args.no_peers else None
     records = []
 
@@ -138,8 +140,16 @@ def run(args):
                     with torch.no_grad():
                         err = rel_err(layer(x), F.linear(x, layer.weight.to_dense(), layer.bias))
                         fwd = timed(lambda: layer(x))
+                    hopper = _C.uses_hopper_kernels(torch.cuda.current_device(), block)
                     record(**common, method="ours", block=block, density=density, phase="forward", ms=fwd,
-                           speedup=dense_fwd / fwd, rel_err=err)
+                           speedup=dense_fwd / fwd, rel_err=err, dsd_path="sm90" if hopper else "sm80")
+                    if hopper:  # the SM80 (mma.sync) forward too, for comparison
+                        previous = _ops.set_hopper_kernels(False)
+                        with torch.no_grad():
+                            fwd80 = timed(lambda: layer(x))
+                        _ops.set_hopper_kernels(previous)
+                        record(**common, method="ours_sm80", block=block, density=density, phase="forward",
+                               ms=fwd80, speedup=dense_fwd / fwd80)
                     if not decode:
                         params = (xg, layer.weight.data, layer.bias)
 
@@ -204,7 +214,7 @@ def markdown(gpu, records, args):
                   "| method | phase | block | " + " | ".join(f"d={d}" for d in args.densities) + " |",
                   "|---|---|---|" + "---|" * len(args.densities)]
         combos = sorted({(r["method"], r["phase"], r["block"]) for r in rows if r["method"] != "dense"},
-                        key=lambda c: (c[0] != "ours", c[0], c[1], c[2]))
+                        key=lambda c: (not c[0].startswith("ours"), c[0], c[1], c[2]))
         for method, phase, block in combos:
             cells = []
             for d in args.densities:

@@ -74,6 +74,8 @@ def main():
     m, k, n = (int(v) for v in args.shape.split("x"))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     ops = _extension.get()
+    from pytorch_block_sparse_ng import _C, _ops
+
     if args.overhead:
         host_overhead(dtype)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
@@ -91,9 +93,13 @@ def main():
                                           device="cuda")
             data, index = mat.data.detach(), mat.indices()
             kept = flop * mat.nnz_blocks / max(1, mat.grid[0] * mat.grid[1])
-            times = {"dsd": time_ms(lambda: ops.dsd(x, data, None, *index)),
-                     "dds": time_ms(lambda: ops.dds(dy, data, *index)),
-                     "sdd": time_ms(lambda: ops.sdd(dy, x, *index, (block, block)))}
+            times = {"dsd": time_ms(lambda: ops.dsd(x, data, None, *index))}
+            if _C.uses_hopper_kernels(torch.cuda.current_device(), block):
+                previous = _ops.set_hopper_kernels(False)
+                times["dsd(sm80)"] = time_ms(lambda: ops.dsd(x, data, None, *index))
+                _ops.set_hopper_kernels(previous)
+            times["dds"] = time_ms(lambda: ops.dds(dy, data, *index))
+            times["sdd"] = time_ms(lambda: ops.sdd(dy, x, *index, (block, block)))
             print(f"block {block:3d} density {density:4.2f}: " + "  ".join(
                 f"{op} {t:7.4f} ms {kept / t / 1e9:6.1f} TF/s" for op, t in times.items()), flush=True)
 

@@ -98,6 +98,34 @@ int multiprocessor_count(int device) {
   return counts[device];
 }
 
+// The wgmma kernels (dsd, blocks 64 / 128) run on sm_90 devices when the build includes sm_90a, unless
+// switched off with set_hopper_kernels(false) (tests and benchmarks compare both paths).
+bool g_hopper_enabled = true;
+
+bool use_hopper_kernels(int device, int block) {
+#ifdef PBSNG_WITH_SM90A
+  if (!g_hopper_enabled || (block != 64 && block != 128) || device < 0 || device >= 64) return false;
+  static int capability[64] = {0};
+  if (capability[device] == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    capability[device] = major * 10 + minor;
+  }
+  return capability[device] == 90;
+#else
+  (void)device;
+  (void)block;
+  return false;
+#endif
+}
+
+bool set_hopper_kernels(bool enabled) {
+  const bool previous = g_hopper_enabled;
+  g_hopper_enabled = enabled;
+  return previous;
+}
+
 at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<at::Tensor>& bias,
                const at::Tensor& row_offsets, const at::Tensor& col_indices, const at::Tensor& row_indices,
                const at::Tensor& col_offsets_t, const at::Tensor& row_indices_t, const at::Tensor& perm_t) {
@@ -146,8 +174,13 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
               col_indices.data_ptr<int32_t>(), m, int(pat.n_block_rows), int(pat.n_block_cols), block,
               int(splits)};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-  check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_sm80<DType::kFloat16>(p, stream)
-                                              : launch_dsd_sm80<DType::kBFloat16>(p, stream), kDsd);
+  if (use_hopper_kernels(x.device().index(), block)) {
+    check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_sm90<DType::kFloat16>(p, stream)
+                                                : launch_dsd_sm90<DType::kBFloat16>(p, stream), kDsd);
+  } else {
+    check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_sm80<DType::kFloat16>(p, stream)
+                                                : launch_dsd_sm80<DType::kBFloat16>(p, stream), kDsd);
+  }
   if (splits == 1) return y;
   if (b != nullptr) y_f32.add_(*b);
   return y_f32.to(x.scalar_type());
@@ -252,6 +285,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("block_shape"));
   m.def("device_supported", &pbsng::device_supported, "whether this build has kernels for the device",
         pybind11::arg("device"));
+  m.def("set_hopper_kernels", &pbsng::set_hopper_kernels,
+        "use (True, default) or not the sm_90a wgmma kernels on Hopper GPUs; returns the previous setting",
+        pybind11::arg("enabled"));
+  m.def("uses_hopper_kernels", &pbsng::use_hopper_kernels, "whether dsd on this device and block size uses wgmma",
+        pybind11::arg("device"), pybind11::arg("block"));
   m.def("supported_block_sizes", []() { return std::vector<int64_t>{32, 64, 128}; });
   m.attr("BUILD_ARCHS") = PBSNG_BUILD_ARCHS;
 }

@@ -14,7 +14,8 @@ Importing this module raises ImportError (quoting how the extension was built) w
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+import os
+from typing import List, Optional
 
 import torch
 from torch import Tensor
@@ -40,7 +41,16 @@ except ImportError as error:
     raise ImportError(f"pytorch_block_sparse_ng._C cannot be loaded ({error}); it was {describe_build()}; running "
                       f"torch {torch.__version__} (CUDA {torch.version.cuda})") from error
 
-__all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "describe_build"]
+__all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "describe_build", "set_hopper_kernels"]
+
+# dsd with blocks 64 / 128 runs on Hopper's wgmma kernels (sm_90a builds, sm_90 GPUs) unless this is "0".
+if os.environ.get("PYTORCH_BLOCK_SPARSE_NG_HOPPER", "1") == "0":
+    _C.set_hopper_kernels(False)
+
+
+def set_hopper_kernels(enabled: bool) -> bool:
+    """Use (default) or not the Hopper wgmma kernels where they exist; returns the previous setting."""
+    return bool(_C.set_hopper_kernels(bool(enabled)))
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 _BLOCK_SIZES = tuple(_C.supported_block_sizes())

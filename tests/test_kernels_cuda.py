@@ -93,6 +93,29 @@ def test_products_match_reference(case):
 
 @pytest.mark.cuda
 @requires_kernels
+@pytest.mark.parametrize("case", [c for c in GRID if c.block in (64, 128) and c.m in (7, 1000) and c.density > 0],
+                         ids=case_id)
+def test_dsd_sm80_path_on_every_gpu(case):
+    """With the Hopper kernels switched off, dsd takes the SM80 path on Hopper too: keep it tested there."""
+    from pytorch_block_sparse_ng import _ops
+
+    generator = torch.Generator().manual_seed(zlib.crc32(case_id(case).encode()) + 1)
+    w = make_weight(case, generator)
+    index = w.indices()
+    x = torch.randn(case.m, case.in_features, generator=generator).cuda().to(case.dtype)
+    bias = torch.randn(case.out_features, generator=generator).cuda().to(case.dtype)
+    data = w.data.detach().to(case.dtype)
+    previous = _ops.set_hopper_kernels(False)
+    try:
+        y = OPS.dsd(x, data, bias, *index)
+    finally:
+        _ops.set_hopper_kernels(previous)
+    assert_like_torch("dsd (SM80 path)", y, reference.dsd(x.float(), data.float(), bias.float(), *index),
+                      F.linear(x, w.to_dense(data).detach(), bias))
+
+
+@pytest.mark.cuda
+@requires_kernels
 @pytest.mark.parametrize("m", (1, 129, 300))
 def test_every_output_element_is_written(m):
     """Outputs are allocated uninitialised: fill a freed block of the output's size with NaN first (the

@@ -67,6 +67,8 @@ struct SddParams {
 template <DType D> cudaError_t launch_dsd_sm80(const DsdParams& p, cudaStream_t stream);
 template <DType D> cudaError_t launch_dds_sm80(const DdsParams& p, cudaStream_t stream);
 template <DType D> cudaError_t launch_sdd_sm80(const SddParams& p, cudaStream_t stream);
+// Hopper (wgmma, sm_90a) dsd for blocks 64 and 128: dsd_sm90_{f16,bf16}.cu; launch only on sm_90 devices.
+template <DType D> cudaError_t launch_dsd_sm90(const DsdParams& p, cudaStream_t stream);
 
 // Number of k-tiles along M of one sdd block, for choosing `splits` (BK depends on the block size).
 int sdd_k_tile_rows(int block);
