@@ -10,6 +10,7 @@ is the mean cross-entropy on all held-out windows (nats per character; bits = na
 Runs, all with the same optimizer (AdamW, cosine learning rate) and, for the from-scratch runs, the same number
 of steps S:
     dense             S steps
+    dense + fine-tune the dense model trained F more steps like the fine-tunes below (a control)
     2:4 one-shot      the dense model pruned to 2:4 by magnitude (and by Wanda), no fine-tune
     2:4 + fine-tune   the masked model fine-tuned F more steps, then converted to SemiStructuredLinear
     2:4 transposable  the same with a transposable 2:4 mask (W and Wᵀ both 2:4), by |W|
@@ -148,6 +149,10 @@ def run_seed(seed, args, train_data, val_data, vocab, log):
     train(dense, train_data, args.steps, args, seed)
     results["dense"] = evaluate(dense, val_data, args.context)
     log(f"seed {seed} dense: {results['dense']:.4f} ({time.time() - t0:.0f}s)")
+
+    control = copy.deepcopy(dense)  # the same extra steps without pruning: what fine-tuning alone gives
+    train(control, train_data, args.finetune_steps, args, seed + 1, lr=args.finetune_lr)
+    results["dense + fine-tune (control)"] = evaluate(control, val_data, args.context)
 
     calib_gen = torch.Generator().manual_seed(7)
     calibration = [batch(train_data, args.batch_size, args.context, calib_gen)[0] for _ in range(4)]

@@ -273,8 +273,10 @@ def test_apply_masks_remove_masks_and_errors():
                   r"model\.layers\.[0-9]+\.mlp\.down_proj": dict(sparsity="2:4", transposable=True)}),
 ], ids=["gpt2-conv1d", "llama"])
 def test_hf_models_pruned_masked_then_converted_give_the_same_logits(make, rules):
+    from collections import UserDict
+
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
-    calibration = [dict(input_ids=ids)]
+    calibration = [UserDict(input_ids=ids)]  # a Mapping that is not a dict, like a tokenizer's BatchEncoding
     model = make()
     prune_model(model, rules, score="wanda", calibration=calibration, convert=False, progress=False)
     with torch.no_grad():

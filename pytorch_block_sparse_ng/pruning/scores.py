@@ -7,6 +7,7 @@ few calibration batches. ``collect_input_norms`` gathers ||X[:, j]||_2 with forw
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterable, Optional
 
 import torch
@@ -27,7 +28,7 @@ def linear_layers(model: nn.Module) -> Dict[str, nn.Module]:
 
 
 def _default_forward(model: nn.Module, batch: Any) -> Any:
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):  # a dict, or transformers' BatchEncoding (a UserDict)
         return model(**batch)
     if isinstance(batch, (tuple, list)):
         return model(*batch)
@@ -41,7 +42,8 @@ def collect_input_norms(model: nn.Module, batches: Iterable[Any], names: Optiona
     feature over all rows it saw: name -> fp32 (in_features,).
 
     names: the layers to watch (default: every nn.Linear / Conv1D). forward(model, batch) runs one batch
-    (default: ``model(**batch)`` for a dict, ``model(*batch)`` for a tuple/list, else ``model(batch)``).
+    (default: ``model(**batch)`` for a dict or other Mapping such as a tokenizer's output, ``model(*batch)``
+    for a tuple/list, else ``model(batch)``).
     The model is run under ``torch.no_grad`` in its current train/eval mode; hooks are removed afterwards.
     """
     layers = linear_layers(model)
