@@ -26,7 +26,8 @@ run: speed-up = dense time / sparse time (above 1: faster than dense). Numbers c
 How the timings are taken (see the script's docstring): median of CUDA-event timings after warm-up; "forward"
 is y = x Wᵀ + b, "train" a full training step of the layer (forward, grad input, grad weight, grad bias);
 decode shapes (M = 1, 16 tokens) are timed inside a CUDA graph. Each configuration is checked against
-`F.linear` on its dense weight before it is timed.
+`F.linear` on its dense weight before it is timed. How the kernels work and why the numbers are what they are:
+[kernels.md](kernels.md).
 """
 
 NO_RESULTS = """## Results
@@ -53,6 +54,37 @@ def load(results_dir):
         if isinstance(content, dict) and "meta" in content and "records" in content:
             runs.append((file, content["meta"], content["records"]))
     return runs
+
+
+def summary(records):
+    """One row per (dtype, shape, phase): the best BlockSparseLinear speed-up at each density, and its block."""
+    ours = [r for r in records if r.get("method") == "ours" and "speedup" in r]
+    densities = sorted({r["density"] for r in ours})
+    cases = sorted({(r["dtype"], r["m"], r["k"], r["n"], r["phase"]) for r in ours},
+                   key=lambda c: (c[0], -c[1] * c[2] * c[3], c[4]))
+    out = ["Best `BlockSparseLinear` speed-up over dense at each density (the block size that gave it):", "",
+           "| dtype | M tokens | in → out | phase | " + " | ".join(f"density {d:g}" for d in densities) + " |",
+           "|---|---|---|---|" + "---|" * len(densities)]
+    for dtype, m, k, n, phase in cases:
+        cells = []
+        for d in densities:
+            hits = [r for r in ours if (r["dtype"], r["m"], r["k"], r["n"], r["phase"], r["density"])
+                    == (dtype, m, k, n, phase, d)]
+            best = max(hits, key=lambda r: r["speedup"]) if hits else None
+            cells.append(f"{best['speedup']:.2f}× (b{best['block']})" if best else "")
+        out.append(f"| {dtype} | {m} | {k} → {n} | {phase} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def provenance(file) -> str:
+    """' (committed in abc1234, 2026-11-22)' when git knows the file, else ''."""
+    try:
+        import subprocess
+        line = subprocess.run(["git", "log", "-1", "--format=%h, %ad", "--date=short", "--", file], cwd=ROOT,
+                              capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return ""
+    return f" (committed in {line})" if line else ""
 
 
 def tables(meta, records):
@@ -100,10 +132,14 @@ def generate(results_dir, out_path) -> str:
         lines += [f"## {gpu}", "",
                   f"torch {meta.get('torch')}, CUDA {meta.get('cuda')}; {meta.get('reps', '?')} timed repetitions; "
                   f"{'a quick run (one shape, one block size); ' if meta.get('quick') else ''}"
-                  f"source: `{os.path.relpath(file, ROOT)}`.", ""]
+                  f"source: `{os.path.relpath(file, ROOT)}`{provenance(file)}. The kernels change faster than this "
+                  f"page: a result file measures the code of its commit.", ""]
+        lines += summary(records)
         png = os.path.splitext(file)[0] + ".png"
         if os.path.exists(png):
             lines += [f"![speed-up against density on {gpu}]({os.path.relpath(png, os.path.dirname(out_path))})", ""]
+        lines += ["All measurements (time per call in brackets; `stk` and `torch_bsr` are other libraries' "
+                  "block-sparse products, timed in the same run for reference):", ""]
         lines += tables(meta, records)
     return "\n".join(lines).rstrip() + "\n"
 

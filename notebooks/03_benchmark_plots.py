@@ -123,7 +123,7 @@ for file, meta, records in runs:
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     fig.suptitle(f"{meta.get('gpu')} (torch {meta.get('torch')}, CUDA {meta.get('cuda')})")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     if SAVE_PLOTS:
         fig.savefig(os.path.splitext(file)[0] + ".speedup.png", dpi=110)
         print(f"wrote {os.path.splitext(os.path.basename(file))[0]}.speedup.png")
