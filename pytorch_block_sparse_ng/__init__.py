@@ -9,9 +9,10 @@ from .masks import (block_mask_by_magnitude, block_scores, expand_block_mask, ma
 from .modules import BlockSparseLinear, MaskedLinear, PseudoBlockSparseLinear, SemiStructuredLinear
 from .patcher import BlockSparseModelPatcher, ModelPatcher, PatchRecord, PatchReport
 from .pruning import (GradualPruner, GradualPruningCallback, LayerMask, MagnitudeSparseOptimizerStrategy,
-                      PruningResult, RigLSparseOptimizerStrategy, SparseOptimizer, apply_masks, collect_input_norms,
-                      compare_transposable, compute_masks, convert_masked_model, cubic_density,
-                      drop_fraction_schedule, kept_magnitude, prune_model, remove_masks, transposable_nm_mask)
+                      PruningResult, RigLSparseOptimizerStrategy, SparseOptimizer, SparseOptimizerCallback,
+                      apply_masks, collect_input_norms, compare_transposable, compute_masks, convert_masked_model,
+                      cubic_density, drop_fraction_schedule, kept_magnitude, prune_model, remove_masks,
+                      transposable_nm_mask)
 from .serialization import (from_pretrained, load_sparse_state_dict, record_layout, restore_sparse_layers,
                             save_pretrained, save_sparse_state_dict, sparse_layout)
 
@@ -60,6 +61,7 @@ __all__ = [
     "GradualPruningCallback",
     "cubic_density",
     "SparseOptimizer",
+    "SparseOptimizerCallback",
     "MagnitudeSparseOptimizerStrategy",
     "RigLSparseOptimizerStrategy",
     "drop_fraction_schedule",

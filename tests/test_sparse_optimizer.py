@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from pytorch_block_sparse_ng import (BlockSparseLinear, BlockSparseMatrix, MagnitudeSparseOptimizerStrategy,
-                                     RigLSparseOptimizerStrategy, SparseOptimizer, drop_fraction_schedule)
+                                     RigLSparseOptimizerStrategy, SparseOptimizer, SparseOptimizerCallback,
+                                     drop_fraction_schedule)
 from pytorch_block_sparse_ng.pruning import move_optimizer_state
 
 BLOCK = (8, 8)
@@ -61,7 +62,8 @@ def test_sparse_objects_and_the_predecessor_usage():
 
 @pytest.mark.parametrize("distribution", ["uniform", "gaussian", "zeros"])
 def test_new_block_values(distribution):
-    matrix = BlockSparseMatrix.randn((64, 64), density=0.5, block_shape=BLOCK, generator=torch.Generator().manual_seed(0))
+    matrix = BlockSparseMatrix.randn((64, 64), density=0.5, block_shape=BLOCK,
+                                     generator=torch.Generator().manual_seed(0))
     old = set(positions(matrix))
     strategy = MagnitudeSparseOptimizerStrategy(0.5, distribution, 0.1, torch.Generator().manual_seed(1))
     source = strategy.run(matrix)
@@ -284,3 +286,43 @@ def test_errors():
     adagrad.state[objs[0].data]["odd"] = torch.zeros(3)
     with pytest.raises(ValueError, match=r"state 'odd' of Adagrad has shape \(3,\), not the blocks' shape"):
         move_optimizer_state(adagrad, objs[0].data, torch.arange(objs[0].nnz_blocks))
+
+
+def test_sparse_optimizer_callback_with_the_trainer(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return 32
+
+        def __getitem__(self, i):
+            gen = torch.Generator().manual_seed(i)
+            return dict(x=torch.randn(32, generator=gen), labels=torch.randn(16, generator=gen))
+
+    class Wrapped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = make_model()
+
+        def forward(self, x, labels):
+            return dict(loss=nn.functional.mse_loss(self.net(x), labels))
+
+    model = Wrapped()
+    so = SparseOptimizer(SparseOptimizer.sparse_objects(model), lr=0.25, method="rigl", model=model,
+                         update_frequency=2)
+    first = model.net[0].weight.block_mask().clone()
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4,
+                                          gradient_accumulation_steps=2, learning_rate=1e-2, report_to=[],
+                                          save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Data(),
+                                   callbacks=[SparseOptimizerCallback(so)])
+    trainer.train()
+    assert so.step_count == 4
+    optimizer = so.attached_optimizers[0]
+    assert isinstance(optimizer, torch.optim.AdamW)  # the Trainer's, unwrapped from accelerate's wrapper
+    assert any(p is model.net[0].weight.data for g in optimizer.param_groups for p in g["params"])
+    assert not torch.equal(first, model.net[0].weight.block_mask())
+    model.net[0].weight.validate()
+    with pytest.raises(TypeError, match="sparse_optimizer must be a SparseOptimizer"):
+        SparseOptimizerCallback(object())

@@ -8,7 +8,8 @@ from .masked import (MaskParametrization, apply_masks, convert_masked_model, mas
 from .oneshot import PruningResult, compute_masks, convert_with_masks, prune_model
 from .scores import collect_input_norms, element_scores
 from .sparse_optimizer import (DenseGradientRecorder, MagnitudeSparseOptimizerStrategy, RigLSparseOptimizerStrategy,
-                               SparseOptimizer, SparseOptimizerStrategy, drop_fraction_schedule, move_optimizer_state)
+                               SparseOptimizer, SparseOptimizerCallback, SparseOptimizerStrategy,
+                               drop_fraction_schedule, move_optimizer_state)
 from .spec import LayerMask, PruneSpec
 from .transposable import compare_transposable, kept_magnitude, transposable_nm_mask, transposable_patterns
 
@@ -17,7 +18,7 @@ __all__ = [
     "collect_input_norms", "element_scores",
     "apply_masks", "convert_masked_model", "remove_masks", "masked_layers", "masked_density", "MaskParametrization",
     "GradualPruner", "GradualPruningCallback", "cubic_density",
-    "SparseOptimizer", "SparseOptimizerStrategy", "MagnitudeSparseOptimizerStrategy", "RigLSparseOptimizerStrategy",
-    "DenseGradientRecorder", "drop_fraction_schedule", "move_optimizer_state",
+    "SparseOptimizer", "SparseOptimizerCallback", "SparseOptimizerStrategy", "MagnitudeSparseOptimizerStrategy",
+    "RigLSparseOptimizerStrategy", "DenseGradientRecorder", "drop_fraction_schedule", "move_optimizer_state",
     "transposable_nm_mask", "transposable_patterns", "kept_magnitude", "compare_transposable",
 ]

@@ -32,6 +32,9 @@ Trainer uses torch's AdamW -- or SGD with momentum) every per-element state tens
 ``update_pattern``: a surviving block's state moves with it to its new slot, a new block's state is zero.
 Scalar state (Adam's ``step``) is left alone. ``param.grad``, if present, is rearranged the same way.
 
+With transformers' Trainer: ``Trainer(..., callbacks=[SparseOptimizerCallback(so)])`` attaches the Trainer's
+optimizer when training starts and calls ``so.step()`` after every optimizer step.
+
 Drop fraction: ``lr`` x ``drop_schedule(t)`` where t counts ``step()`` calls: "constant", "cosine"
 (RigL's 0.5 (1 + cos(pi t / total_steps)), 0 after), "linear", or a callable t -> multiplier.
 """
@@ -50,7 +53,7 @@ from ..modules import BlockSparseLinear
 
 __all__ = ["SparseOptimizer", "SparseOptimizerStrategy", "MagnitudeSparseOptimizerStrategy",
            "RigLSparseOptimizerStrategy", "DenseGradientRecorder", "drop_fraction_schedule",
-           "move_optimizer_state"]
+           "move_optimizer_state", "SparseOptimizerCallback"]
 
 _DISTRIBUTIONS = ("uniform", "gaussian", "zeros")
 
@@ -410,3 +413,39 @@ class SparseOptimizer:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.step_count = int(state["step_count"])
         self._arm()
+
+
+_CALLBACK_CLASS = None
+
+
+def SparseOptimizerCallback(sparse_optimizer: SparseOptimizer):  # noqa: N802 -- a class, built on first use
+    """A ``transformers.TrainerCallback`` for dynamic sparse training under the Trainer: at the start of
+    training it attaches the Trainer's optimizer (torch's AdamW by default) to ``sparse_optimizer``, and it
+    calls ``sparse_optimizer.step()`` after every optimizer step (``on_step_end``; with gradient accumulation
+    RigL's recorded gradient sums the micro-batches of that step). transformers is imported here only."""
+    global _CALLBACK_CLASS
+    if _CALLBACK_CLASS is None:
+        from transformers import TrainerCallback
+
+        class _SparseOptimizerCallback(TrainerCallback):
+            def __init__(self, sparse_optimizer):
+                self.sparse_optimizer = sparse_optimizer
+
+            def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+                if optimizer is None:
+                    raise ValueError("SparseOptimizerCallback: the Trainer passed no optimizer to on_train_begin")
+                optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wrapper
+                if not any(optimizer is o for o in self.sparse_optimizer.attached_optimizers):
+                    self.sparse_optimizer.attach_optimizer(optimizer)
+                return control
+
+            def on_step_end(self, args, state, control, **kwargs):
+                self.sparse_optimizer.step()
+                return control
+
+        _SparseOptimizerCallback.__name__ = _SparseOptimizerCallback.__qualname__ = "SparseOptimizerCallback"
+        _CALLBACK_CLASS = _SparseOptimizerCallback
+    if not isinstance(sparse_optimizer, SparseOptimizer):
+        raise TypeError(f"SparseOptimizerCallback: sparse_optimizer must be a SparseOptimizer, got "
+                        f"{type(sparse_optimizer).__name__}")
+    return _CALLBACK_CLASS(sparse_optimizer)

@@ -49,7 +49,8 @@ def transposable_nm_mask(weight: torch.Tensor, sparsity: str = "2:4", scores: Op
     if scores is None:
         scores = weight.detach().abs()
     elif tuple(scores.shape) != (rows, cols):
-        raise ValueError(f"transposable_nm_mask: scores.shape={tuple(scores.shape)} must be weight.shape={(rows, cols)}")
+        raise ValueError(f"transposable_nm_mask: scores.shape={tuple(scores.shape)} must be "
+                         f"weight.shape={(rows, cols)}")
     tiles = scores.detach().float().reshape(rows // 4, 4, cols // 4, 4).permute(0, 2, 1, 3).reshape(-1, 16)
     patterns = transposable_patterns().to(tiles.device)
     best = (tiles @ patterns.reshape(-1, 16).float().t()).argmax(dim=1)  # [blocks]
