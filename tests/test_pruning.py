@@ -14,6 +14,8 @@ from pytorch_block_sparse_ng import (BlockSparseLinear, BlockSparseModelPatcher,
                                      prune_model, remove_masks, transposable_nm_mask)
 from pytorch_block_sparse_ng.pruning import LayerMask, PruneSpec, masked_density, masked_layers, transposable_patterns
 
+from conftest import MSEModel, RegressionData, trainer_args
+
 FP32 = dict(rtol=1e-5, atol=1e-5)
 
 
@@ -357,28 +359,10 @@ def test_gradual_pruning_callback_with_the_trainer(tmp_path):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
 
-    class Data(torch.utils.data.Dataset):
-        def __len__(self):
-            return 32
-
-        def __getitem__(self, i):
-            gen = torch.Generator().manual_seed(i)
-            return dict(x=torch.randn(32, generator=gen), labels=torch.randn(8, generator=gen))
-
-    class Wrapped(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.net = Net()
-
-        def forward(self, x, labels):
-            return dict(loss=nn.functional.mse_loss(self.net(x), labels))
-
-    model = Wrapped()
+    model = MSEModel(Net())
     pruner = GradualPruner(model, {r"net\.fc1": dict(density=0.25, block_shape=(8, 8))}, end_step=6, frequency=2)
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=8, per_device_train_batch_size=4,
-                                          learning_rate=1e-2, report_to=[], save_strategy="no", logging_strategy="no",
-                                          use_cpu=True, disable_tqdm=True)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=Data(),
+    args = trainer_args(transformers, tmp_path, max_steps=8)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=RegressionData(8),
                                    callbacks=[GradualPruningCallback(pruner)])
     trainer.train()
     assert pruner.last_step == 6 and pruner.density() == 0.25

@@ -12,6 +12,8 @@ from pytorch_block_sparse_ng import (BlockSparseLinear, BlockSparseMatrix, Magni
                                      drop_fraction_schedule)
 from pytorch_block_sparse_ng.pruning import move_optimizer_state
 
+from conftest import MSEModel, RegressionData, trainer_args
+
 BLOCK = (8, 8)
 
 
@@ -292,30 +294,12 @@ def test_sparse_optimizer_callback_with_the_trainer(tmp_path):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
 
-    class Data(torch.utils.data.Dataset):
-        def __len__(self):
-            return 32
-
-        def __getitem__(self, i):
-            gen = torch.Generator().manual_seed(i)
-            return dict(x=torch.randn(32, generator=gen), labels=torch.randn(16, generator=gen))
-
-    class Wrapped(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.net = make_model()
-
-        def forward(self, x, labels):
-            return dict(loss=nn.functional.mse_loss(self.net(x), labels))
-
-    model = Wrapped()
+    model = MSEModel(make_model())
     so = SparseOptimizer(SparseOptimizer.sparse_objects(model), lr=0.25, method="rigl", model=model,
                          update_frequency=2)
     first = model.net[0].weight.block_mask().clone()
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4,
-                                          gradient_accumulation_steps=2, learning_rate=1e-2, report_to=[],
-                                          save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=Data(),
+    args = trainer_args(transformers, tmp_path, max_steps=4, gradient_accumulation_steps=2)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=RegressionData(16),
                                    callbacks=[SparseOptimizerCallback(so)])
     trainer.train()
     assert so.step_count == 4
