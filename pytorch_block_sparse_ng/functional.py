@@ -53,15 +53,17 @@ def block_sparse_linear(x: torch.Tensor, weight: BlockSparseMatrix, bias: Option
     data = weight.data
     if x.device != data.device:
         raise ValueError(f"block_sparse_linear: x is on {x.device} but the weight is on {data.device}")
+    lead_shape = x.shape[:-1]
+    index = weight.indices()
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
-        x, data = x.to(dtype), data.to(dtype)
+        x2d = x.reshape(-1, in_features).to(dtype).contiguous()
         bias = bias.to(dtype) if bias is not None else None
-    elif x.dtype != data.dtype or (bias is not None and bias.dtype != data.dtype):
-        raise TypeError(f"block_sparse_linear: x.dtype={x.dtype}, weight dtype={data.dtype} and bias dtype="
-                        f"{None if bias is None else bias.dtype} must be equal (or run under torch.autocast)")
-    lead_shape = x.shape[:-1]
-    x2d = x.reshape(-1, in_features).contiguous()
-    with torch.autocast(x.device.type, enabled=False):
-        y = BlockSparseLinearFunction.apply(x2d, data, bias, *weight.indices())
+        with torch.autocast(x.device.type, enabled=False):  # the products must not be re-cast inside
+            y = BlockSparseLinearFunction.apply(x2d, data.to(dtype), bias, *index)
+    else:
+        if x.dtype != data.dtype or (bias is not None and bias.dtype != data.dtype):
+            raise TypeError(f"block_sparse_linear: x.dtype={x.dtype}, weight dtype={data.dtype} and bias dtype="
+                            f"{None if bias is None else bias.dtype} must be equal (or run under torch.autocast)")
+        y = BlockSparseLinearFunction.apply(x.reshape(-1, in_features).contiguous(), data, bias, *index)
     return y.view(*lead_shape, out_features)

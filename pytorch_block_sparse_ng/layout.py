@@ -271,7 +271,8 @@ class BlockSparseMatrix(nn.Module):
 
     def indices(self) -> Tuple[torch.Tensor, ...]:
         """The index buffers in the order of ``INDEX_NAMES`` (what the autograd Function takes)."""
-        return tuple(getattr(self, name) for name in INDEX_NAMES)
+        buffers = self._buffers  # direct dict access: this runs on every forward
+        return tuple(buffers[name] for name in INDEX_NAMES)
 
     def block_mask(self) -> torch.Tensor:
         """Bool [R, C]: True where a block is kept."""
