@@ -4,8 +4,11 @@
 #   bash scripts/setup_env.sh          # idempotent: a second run with nothing changed takes about a second
 #
 # Environment:
-#   TORCH_SPEC   what pip installs for torch (default "torch==2.13.0": the CPU build, found on this machine's
-#                disk). E.g. TORCH_SPEC="torch==2.11.0" on a GPU machine to get a CUDA build.
+#   TORCH_SPEC   what pip installs for torch. Default: with nvcc on the PATH, "torch==2.14.1" (a CUDA build, so
+#                that the CUDA extension is compiled: about 8 minutes on 2 cores the first time); without nvcc,
+#                "torch==2.13.0" (the small CPU build). Both lie on this project's machines' disks.
+#   PYTORCH_BLOCK_SPARSE_NG_BUILD_CUDA   auto (default) / 0 / 1, see setup.py; CI sets 1 so that kernel code
+#                that does not compile fails the run.
 #   PYTHON       the interpreter that creates the venv (default python3).
 #   VENV         where the venv lives (default <repo>/.venv).
 # Any other pip environment (PIP_INDEX_URL, PIP_FIND_LINKS, ...) is passed through to pip.
@@ -16,7 +19,14 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
 PYTHON="${PYTHON:-python3}"
-TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+if [ -z "${TORCH_SPEC:-}" ]; then
+    if command -v nvcc >/dev/null 2>&1 && [ "${PYTORCH_BLOCK_SPARSE_NG_BUILD_CUDA:-auto}" != "0" ]; then
+        TORCH_SPEC="torch==2.14.1"
+    else
+        TORCH_SPEC="torch==2.13.0"
+    fi
+fi
+export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 STAMP="$VENV/.pytorch_block_sparse_ng-setup"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 
@@ -47,8 +57,10 @@ fi
 PIP=("$VENV/bin/python" -m pip install --quiet)
 
 echo "[setup_env] installing build tools and $TORCH_SPEC"
-"${PIP[@]}" "setuptools>=64" wheel
+"${PIP[@]}" "setuptools>=64" wheel ninja
 "${PIP[@]}" "$TORCH_SPEC"
+# CUTLASS/CuTe headers for the CUDA extension; --no-deps: its Python dependencies are not needed for headers.
+"${PIP[@]}" --no-deps "nvidia-cutlass==4.2.0.0"
 
 echo "[setup_env] installing pytorch_block_sparse_ng (editable) with the test extra"
 (cd "$ROOT" && "${PIP[@]}" --no-build-isolation -e '.[test]')
