@@ -31,7 +31,7 @@ def test_committed_ipynb_match_their_sources():
     spec = importlib.util.spec_from_file_location("notebook_sync", os.path.join(NOTEBOOKS, "sync.py"))
     sync = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sync)
-    assert len(sync.sources()) == 3
+    assert len(sync.sources()) == 4
     assert sync.main(["--check"]) == 0, "run: python notebooks/sync.py"
     for source in sync.sources():
         notebook = nbformat.read(source[:-3] + ".ipynb", as_version=4)
@@ -76,3 +76,10 @@ def test_03_plots_the_records_it_is_given(tmp_path):
     assert "Test GPU" in out and "4 records" not in out and "5 records" in out
     assert "    32 |   4.00x |   2.00x" in out and "    64 |   8.00x |   4.00x" in out
     assert (tmp_path / "bench_linear_Test_GPU.speedup.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_04_accuracy_study():
+    out = run_notebook("04_accuracy_study", "STEPS = 6; FINETUNE_STEPS = 2; D_MODEL = 32")
+    assert "2:4 + fine-tune" in out and "(target within 1 %)" in out
+    assert "RigL at least as good as" in out or "RigL worse than" in out
