@@ -39,7 +39,7 @@ BLOCKS = (32, 64, 128)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def time_ms(fn, warmup, reps):
+def time_ms(fn, warmup=5, reps=30):
     """Median of `reps` CUDA-event timings of fn() after `warmup` calls."""
     for _ in range(warmup):
         fn()

@@ -7,7 +7,6 @@ Prints ms and TFLOP/s on the kept blocks (2 * M * N * K * density / time) next t
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -17,18 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from pytorch_block_sparse_ng import BlockSparseLinear, BlockSparseMatrix, _extension  # noqa: E402
 
-
-def time_ms(fn, warmup=5, reps=30):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events)
+from bench_linear import time_ms  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 
 def per_call_us(fn, calls=300):
