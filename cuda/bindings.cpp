@@ -98,11 +98,14 @@ int multiprocessor_count(int device) {
   return counts[device];
 }
 
-// The wgmma kernels (dsd, blocks 64 / 128) run on sm_90 devices when the build includes sm_90a, unless
-// switched off with set_hopper_kernels(false) (tests and benchmarks compare both paths).
+// The Hopper kernels (TMA + wgmma: dsd and dds, blocks 64 / 128) run on sm_90 devices when the build includes
+// sm_90a and M >= g_hopper_min_rows (their 256-token tile wastes tensor-core work on fewer rows, where the SM80
+// kernels with 128-row tiles and split-K do better), unless switched off with set_hopper_kernels(false) (tests
+// and benchmarks compare both paths).
 bool g_hopper_enabled = true;
+int64_t g_hopper_min_rows = 256;
 
-bool use_hopper_kernels(int device, int block) {
+bool hopper_device(int device, int block) {
 #ifdef PBSNG_WITH_SM90A
   if (!g_hopper_enabled || (block != 64 && block != 128) || device < 0 || device >= 64) return false;
   static int capability[64] = {0};
@@ -120,9 +123,22 @@ bool use_hopper_kernels(int device, int block) {
 #endif
 }
 
+bool use_hopper_kernels(int device, int block) { return hopper_device(device, block); }
+
+bool use_hopper_for(int device, int block, int64_t m, int64_t nnz) {
+  return nnz > 0 && m >= g_hopper_min_rows && hopper_device(device, block);
+}
+
 bool set_hopper_kernels(bool enabled) {
   const bool previous = g_hopper_enabled;
   g_hopper_enabled = enabled;
+  return previous;
+}
+
+int64_t set_hopper_min_rows(int64_t rows) {
+  PBSNG_CHECK_VALUE(rows >= 1, "set_hopper_min_rows: rows=", rows, " must be >= 1");
+  const int64_t previous = g_hopper_min_rows;
+  g_hopper_min_rows = rows;
   return previous;
 }
 
@@ -171,10 +187,10 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   }
   DsdParams p{x.data_ptr(), data.data_ptr(), b ? b->data_ptr() : nullptr, splits > 1 ? nullptr : y.data_ptr(),
               splits > 1 ? y_f32.data_ptr<float>() : nullptr, row_offsets.data_ptr<int32_t>(),
-              col_indices.data_ptr<int32_t>(), m, int(pat.n_block_rows), int(pat.n_block_cols), block,
+              col_indices.data_ptr<int32_t>(), m, pat.nnz, int(pat.n_block_rows), int(pat.n_block_cols), block,
               int(splits)};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-  if (use_hopper_kernels(x.device().index(), block)) {
+  if (splits == 1 && use_hopper_for(x.device().index(), block, m, pat.nnz)) {
     check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_sm90<DType::kFloat16>(p, stream)
                                                 : launch_dsd_sm90<DType::kBFloat16>(p, stream), kDsd);
   } else {
@@ -203,11 +219,16 @@ at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& r
   c10::cuda::CUDAGuard guard(dy.device());
   at::Tensor dx = at::empty({dy.size(0), k}, dy.options());
   DdsParams p{dy.data_ptr(), data.data_ptr(), dx.data_ptr(), col_offsets_t.data_ptr<int32_t>(),
-              row_indices_t.data_ptr<int32_t>(), perm_t.data_ptr<int32_t>(), dy.size(0),
+              row_indices_t.data_ptr<int32_t>(), perm_t.data_ptr<int32_t>(), dy.size(0), pat.nnz,
               int(pat.n_block_rows), int(pat.n_block_cols), block};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
-  check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm80<DType::kFloat16>(p, stream)
-                                               : launch_dds_sm80<DType::kBFloat16>(p, stream), kDds);
+  if (use_hopper_for(dy.device().index(), block, dy.size(0), pat.nnz)) {
+    check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)
+                                                 : launch_dds_sm90<DType::kBFloat16>(p, stream), kDds);
+  } else {
+    check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm80<DType::kFloat16>(p, stream)
+                                                 : launch_dds_sm80<DType::kBFloat16>(p, stream), kDds);
+  }
   return dx;
 }
 
@@ -288,8 +309,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_hopper_kernels", &pbsng::set_hopper_kernels,
         "use (True, default) or not the sm_90a wgmma kernels on Hopper GPUs; returns the previous setting",
         pybind11::arg("enabled"));
-  m.def("uses_hopper_kernels", &pbsng::use_hopper_kernels, "whether dsd on this device and block size uses wgmma",
+  m.def("uses_hopper_kernels", &pbsng::use_hopper_kernels,
+        "whether dsd / dds on this device and block size use the Hopper kernels (for M >= the minimum rows)",
         pybind11::arg("device"), pybind11::arg("block"));
+  m.def("set_hopper_min_rows", &pbsng::set_hopper_min_rows,
+        "the fewest rows M for which dsd / dds take the Hopper kernels; returns the previous value",
+        pybind11::arg("rows"));
   m.def("supported_block_sizes", []() { return std::vector<int64_t>{32, 64, 128}; });
   m.attr("BUILD_ARCHS") = PBSNG_BUILD_ARCHS;
 }

@@ -41,9 +41,11 @@ except ImportError as error:
     raise ImportError(f"pytorch_block_sparse_ng._C cannot be loaded ({error}); it was {describe_build()}; running "
                       f"torch {torch.__version__} (CUDA {torch.version.cuda})") from error
 
-__all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "describe_build", "set_hopper_kernels"]
+__all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "describe_build", "set_hopper_kernels",
+           "set_hopper_min_rows"]
 
-# dsd with blocks 64 / 128 runs on Hopper's wgmma kernels (sm_90a builds, sm_90 GPUs) unless this is "0".
+# dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
+# default) unless this is "0".
 if os.environ.get("PYTORCH_BLOCK_SPARSE_NG_HOPPER", "1") == "0":
     _C.set_hopper_kernels(False)
 
@@ -51,6 +53,11 @@ if os.environ.get("PYTORCH_BLOCK_SPARSE_NG_HOPPER", "1") == "0":
 def set_hopper_kernels(enabled: bool) -> bool:
     """Use (default) or not the Hopper wgmma kernels where they exist; returns the previous setting."""
     return bool(_C.set_hopper_kernels(bool(enabled)))
+
+
+def set_hopper_min_rows(rows: int) -> int:
+    """The fewest rows M for which dsd / dds take the Hopper kernels (default 256); returns the previous value."""
+    return int(_C.set_hopper_min_rows(int(rows)))
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 _BLOCK_SIZES = tuple(_C.supported_block_sizes())

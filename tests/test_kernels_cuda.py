@@ -94,27 +94,65 @@ def test_products_match_reference(case):
     assert_like_torch("sdd", dw, reference.sdd(dyr, xr, *index, (case.block, case.block)), torch_dw)
 
 
+def _dsd_dds_case(case, seed_offset):
+    generator = torch.Generator().manual_seed(zlib.crc32(case_id(case).encode()) + seed_offset)
+    w = make_weight(case, generator)
+    index = w.indices()
+    x = torch.randn(case.m, case.in_features, generator=generator).cuda().to(case.dtype)
+    dy = torch.randn(case.m, case.out_features, generator=generator).cuda().to(case.dtype)
+    bias = torch.randn(case.out_features, generator=generator).cuda().to(case.dtype)
+    data = w.data.detach().to(case.dtype)
+    return w, index, x, dy, bias, data
+
+
+def _check_dsd_dds(label, case, w, index, x, dy, bias, data):
+    dense_t = w.to_dense(data.float()).detach().to(case.dtype)
+    y = OPS.dsd(x, data, bias, *index)
+    assert_like_torch(f"dsd ({label})", y, reference.dsd(x.float(), data.float(), bias.float(), *index),
+                      F.linear(x, dense_t, bias))
+    dx = OPS.dds(dy, data, *index)
+    assert_like_torch(f"dds ({label})", dx, reference.dds(dy.float(), data.float(), *index), dy @ dense_t)
+
+
 @pytest.mark.cuda
 @requires_kernels
 @pytest.mark.parametrize("case", [c for c in GRID if c.block in (64, 128) and c.m in (7, 1000) and c.density > 0],
                          ids=case_id)
-def test_dsd_sm80_path_on_every_gpu(case):
-    """With the Hopper kernels switched off, dsd takes the SM80 path on Hopper too: keep it tested there."""
+def test_dsd_dds_sm80_path_on_every_gpu(case):
+    """With the Hopper kernels switched off, dsd / dds take the SM80 path on Hopper too: keep it tested there."""
     from pytorch_block_sparse_ng import _ops
 
-    generator = torch.Generator().manual_seed(zlib.crc32(case_id(case).encode()) + 1)
-    w = make_weight(case, generator)
-    index = w.indices()
-    x = torch.randn(case.m, case.in_features, generator=generator).cuda().to(case.dtype)
-    bias = torch.randn(case.out_features, generator=generator).cuda().to(case.dtype)
-    data = w.data.detach().to(case.dtype)
+    tensors = _dsd_dds_case(case, 1)
     previous = _ops.set_hopper_kernels(False)
     try:
-        y = OPS.dsd(x, data, bias, *index)
+        _check_dsd_dds("SM80 path", case, *tensors)
     finally:
         _ops.set_hopper_kernels(previous)
-    assert_like_torch("dsd (SM80 path)", y, reference.dsd(x.float(), data.float(), bias.float(), *index),
-                      F.linear(x, w.to_dense(data).detach(), bias))
+
+
+HOPPER_GRID = [c for c in GRID if c.block in (64, 128)]
+HOPPER_GRID += [Case(m, 1024, 768, d, b, t) for m in (255, 256, 257, 513) for d in (0.05, 0.3) for b in (64, 128)
+                for t in DTYPES]
+HOPPER_GRID += [Case(300, 4096, 3072 + 64, 0.5, 64, torch.bfloat16)]  # an odd number of block rows of 64
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the Hopper kernels run on sm_90 GPUs only")
+@pytest.mark.parametrize("case", HOPPER_GRID, ids=case_id)
+def test_dsd_dds_hopper_path_at_every_m(case):
+    """The Hopper kernels (256-token tiles, TMA zero-fill past M) with the M threshold lowered to 1."""
+    from pytorch_block_sparse_ng import _C, _ops
+
+    if not _C.uses_hopper_kernels(torch.cuda.current_device(), case.block):
+        pytest.skip("this build has no sm_90a kernels")
+    tensors = _dsd_dds_case(case, 2)
+    previous = _ops.set_hopper_min_rows(1)
+    try:
+        _check_dsd_dds("Hopper path", case, *tensors)
+    finally:
+        _ops.set_hopper_min_rows(previous)
 
 
 @pytest.mark.cuda

@@ -1,4 +1,4 @@
-// dsd on Hopper (wgmma) for bf16 inputs, blocks 64 / 128 (kernel_sm90.cuh has the kernel and its constraints).
-#include "block_sparse/kernel_sm90.cuh"
+// dsd on Hopper (TMA + warp-specialized wgmma) for bf16 inputs; kernel_sm90_ws.cuh has the kernel.
+#include "block_sparse/sm90_launchers.cuh"
 
 PBSNG_DEFINE_DSD_SM90_LAUNCHER(DType::kBFloat16)

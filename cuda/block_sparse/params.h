@@ -24,6 +24,7 @@ struct DsdParams {
   const int32_t* row_offsets;  // [R + 1]
   const int32_t* col_indices;  // [nnz]
   int64_t m;
+  int64_t nnz;
   int n_block_rows;         // R = N / B
   int n_block_cols;         // C = K / B
   int block;                // B
@@ -39,6 +40,7 @@ struct DdsParams {
   const int32_t* row_indices_t;  // [nnz]
   const int32_t* perm_t;         // [nnz]
   int64_t m;
+  int64_t nnz;
   int n_block_rows;
   int n_block_cols;
   int block;
@@ -67,8 +69,10 @@ struct SddParams {
 template <DType D> cudaError_t launch_dsd_sm80(const DsdParams& p, cudaStream_t stream);
 template <DType D> cudaError_t launch_dds_sm80(const DdsParams& p, cudaStream_t stream);
 template <DType D> cudaError_t launch_sdd_sm80(const SddParams& p, cudaStream_t stream);
-// Hopper (wgmma, sm_90a) dsd for blocks 64 and 128: dsd_sm90_{f16,bf16}.cu; launch only on sm_90 devices.
+// Hopper (TMA + warp-specialized wgmma, sm_90a) dsd and dds for blocks 64 and 128, nnz >= 1, splits == 1:
+// {dsd,dds}_sm90_{f16,bf16}.cu; launch only on sm_90 devices.
 template <DType D> cudaError_t launch_dsd_sm90(const DsdParams& p, cudaStream_t stream);
+template <DType D> cudaError_t launch_dds_sm90(const DdsParams& p, cudaStream_t stream);
 
 // Number of k-tiles along M of one sdd block, for choosing `splits` (BK depends on the block size).
 int sdd_k_tile_rows(int block);

@@ -1,0 +1,331 @@
+// dsd (y = x W^T + bias) and dds (dx = dy W) on Hopper: TMA loads, an mbarrier pipeline and warp-specialized
+// wgmma (sm_90a), written with CuTe for the shared-memory layouts and the wgmma descriptors.
+//
+// Both products walk a list of kept blocks per output "line" (a block row of W for dsd, a block column for dds,
+// through the column-major index) and compute out^T[line features, tokens] = W_line * act^T, so that the
+// weight block is the small wgmma operand A (64 x 16 per instruction) and 256 tokens are its N: 64 x 256 x 16
+// instructions read ~51 FLOP per shared-memory byte, above what the tensor cores need (an N = 64 tile of
+// tokens-as-M would sit at the shared-memory limit).
+//
+// One CTA: 256 tokens x 128 output features, three warpgroups. Warpgroup 0 (one thread) issues TMA loads; the
+// two consumer warpgroups own 64 features each:
+//   block 64:  consumer h owns line 2g + h. The producer merges the two lines' sorted block lists, so an
+//              activation tile needed by both lines is loaded once (the reuse that makes blocks of 64
+//              affordable: a lone 64-feature line moves ~64 FLOP per L2 byte, below what 500+ TFLOP/s need);
+//              the consumer whose line lacks that block skips the wgmma.
+//   block 128: both consumers share line g (features 0-63 and 64-127 of the block row), each block in two
+//              k-steps of 64.
+// dds reads W blocks transposed: the same TMA box lands in an MN-major layout (wgmma transposes 16-bit A).
+// The epilogue transposes the fp32 accumulators through shared memory into coalesced 16-byte row stores
+// (rows past M are not written; TMA zero-fills the loads past M).
+//
+// Constraints: sm_90a only (other archs compile a trap; the host dispatches by device); fp16 / bf16; blocks
+// 64 and 128; activation row stride a multiple of 16 bytes and 16-byte aligned pointers (bindings.cpp checks).
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <climits>
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "block_sparse/kernel_sm80.cuh"
+
+namespace pbsng {
+namespace sm90ws {
+
+template <class T, cute::GMMA::Major MajorA> struct GmmaAtom;
+template <cute::GMMA::Major MajorA> struct GmmaAtom<cute::half_t, MajorA> {
+  using type = cute::SM90_64x256x16_F32F16F16_SS<MajorA, cute::GMMA::Major::K>;
+};
+template <cute::GMMA::Major MajorA> struct GmmaAtom<cute::bfloat16_t, MajorA> {
+  using type = cute::SM90_64x256x16_F32BF16BF16_SS<MajorA, cute::GMMA::Major::K>;
+};
+
+template <class T_, int Block_, bool TransposeW_>
+struct Config {
+  using T = T_;
+  static constexpr int Block = Block_;
+  static constexpr bool TransposeW = TransposeW_;  // dds: A = W_b^T
+  static constexpr int kTokens = 256, kFeatures = 128, BK = 64, kStages = 4;
+  static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+  static_assert(Block == 64 || Block == 128, "blocks of 64 or 128");
+  static constexpr cute::GMMA::Major MajorA = TransposeW ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
+  using SmemLayoutA = decltype(cute::tile_to_shape(
+      cute::conditional_t<TransposeW, cute::GMMA::Layout_MN_SW128_Atom<T>, cute::GMMA::Layout_K_SW128_Atom<T>>{},
+      cute::make_shape(cute::Int<64>{}, cute::Int<BK>{})));
+  using SmemLayoutB = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<T>{},
+                                                   cute::make_shape(cute::Int<kTokens>{}, cute::Int<BK>{})));
+  using TiledMma = decltype(cute::make_tiled_mma(typename GmmaAtom<T, MajorA>::type{}));
+
+  static constexpr int kActTileBytes = kTokens * BK * int(sizeof(T));  // 32 KB
+  static constexpr int kWTileBytes = 64 * BK * int(sizeof(T));         // 8 KB per consumer
+  static constexpr int kOutPitch = 64 + 8;  // padded row (elements) of the epilogue's transposed tile
+
+  struct alignas(1024) Stage {
+    T act[kTokens * BK];
+    T w[2][64 * BK];
+  };
+  struct SharedStorage {
+    Stage stages[kStages];
+    uint64_t full[kStages];
+    uint64_t empty[kStages];
+    int flags[kStages];  // bit h: consumer h has a W tile in this stage; bit 2: last stage of the CTA
+  };
+  static_assert(2 * kTokens * kOutPitch * int(sizeof(T)) <= int(sizeof(Stage)) * kStages,
+                "the epilogue reuses the stages' shared memory");
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + alignment slack
+};
+
+// One product's lines: entries offsets[l] .. offsets[l+1] of keys (the other block coordinate) and slots
+// (index of the block in `data`; nullptr: the entry index itself).
+struct KernelParams {
+  CUtensorMap act_map;   // x (dsd) or dy (dds): (M, K_act), box 256 tokens x 64
+  CUtensorMap data_map;  // data viewed as (nnz * B, B), box 64 x 64
+  const int32_t* offsets;
+  const int32_t* keys;
+  const int32_t* slots;
+  const void* bias;  // (n_lines * B,) or nullptr
+  void* out;         // (M, n_lines * B)
+  int64_t m;
+  int n_lines;
+};
+
+__device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
+      :
+      : "r"(cute::cast_smem_ptr_to_uint(smem_dst)), "l"(reinterpret_cast<uint64_t>(map)),
+        "r"(cute::cast_smem_ptr_to_uint(bar)), "r"(c0), "r"(c1)
+      : "memory");
+#endif
+}
+
+template <class Cfg>
+__device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::SharedStorage& sh, int group,
+                                        int token0) {
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int S = Cfg::kStages, B = Cfg::Block;
+  int it = 0;
+  auto next_stage = [&](int flags, int w_tiles) -> int {
+    const int s = it % S;
+    Barrier::wait(&sh.empty[s], ((it / S) & 1) ^ 1);
+    sh.flags[s] = flags;
+    TxBarrier::arrive_and_expect_tx(&sh.full[s], Cfg::kActTileBytes + w_tiles * Cfg::kWTileBytes);
+    ++it;
+    return s;
+  };
+  auto slot_of = [&](int e) { return p.slots == nullptr ? e : __ldg(p.slots + e); };
+  if constexpr (B == 64) {
+    const int l0 = 2 * group, l1 = 2 * group + 1;
+    int e0 = __ldg(p.offsets + l0), end0 = __ldg(p.offsets + l0 + 1);
+    int e1 = 0, end1 = 0;
+    if (l1 < p.n_lines) e1 = __ldg(p.offsets + l1), end1 = __ldg(p.offsets + l1 + 1);
+    while (e0 < end0 || e1 < end1) {
+      const int k0 = e0 < end0 ? __ldg(p.keys + e0) : INT_MAX;
+      const int k1 = e1 < end1 ? __ldg(p.keys + e1) : INT_MAX;
+      const int key = min(k0, k1);
+      const bool has0 = k0 == key, has1 = k1 == key;
+      const int slot0 = has0 ? slot_of(e0) : 0, slot1 = has1 ? slot_of(e1) : 0;
+      e0 += has0;
+      e1 += has1;
+      const bool last = !(e0 < end0 || e1 < end1);
+      const int s = next_stage(int(has0) | (int(has1) << 1) | (int(last) << 2), int(has0) + int(has1));
+      tma_load_2d(sh.stages[s].act, &p.act_map, &sh.full[s], key * B, token0);
+      if (has0) tma_load_2d(sh.stages[s].w[0], &p.data_map, &sh.full[s], 0, slot0 * B);
+      if (has1) tma_load_2d(sh.stages[s].w[1], &p.data_map, &sh.full[s], 0, slot1 * B);
+    }
+  } else {
+    const int begin = __ldg(p.offsets + group), end = __ldg(p.offsets + group + 1);
+    for (int e = begin; e < end; ++e) {
+      const int key = __ldg(p.keys + e), slot = slot_of(e);
+      for (int half = 0; half < 2; ++half) {
+        const bool last = e + 1 == end && half == 1;
+        const int s = next_stage(3 | (int(last) << 2), 2);
+        tma_load_2d(sh.stages[s].act, &p.act_map, &sh.full[s], key * B + half * 64, token0);
+        for (int h = 0; h < 2; ++h) {
+          // dsd: rows h*64.. of the block, k-step `half`; dds (W_b^T): rows (reduction) `half`, columns h*64..
+          if constexpr (Cfg::TransposeW) {
+            tma_load_2d(sh.stages[s].w[h], &p.data_map, &sh.full[s], h * 64, slot * B + half * 64);
+          } else {
+            tma_load_2d(sh.stages[s].w[h], &p.data_map, &sh.full[s], half * 64, slot * B + h * 64);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_constant__ KernelParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace cute;
+  using T = typename Cfg::T;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  constexpr int S = Cfg::kStages, B = Cfg::Block;
+  extern __shared__ char smem_raw[];
+  auto& sh = *reinterpret_cast<typename Cfg::SharedStorage*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+
+  const int group = blockIdx.x;
+  const int token0 = int(blockIdx.y) * Cfg::kTokens;
+  const int warpgroup = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      Barrier::init(&sh.full[s], 1);
+      Barrier::init(&sh.empty[s], 256);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (threadIdx.x == 0) produce<Cfg>(p, sh, group, token0);
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int h = warpgroup - 1, tid = threadIdx.x % 128;
+  // Does this CTA have any stage? (Then the producer marks the last one.)
+  int lines_begin, lines_end;
+  if constexpr (B == 64) {
+    lines_begin = __ldg(p.offsets + 2 * group);
+    lines_end = __ldg(p.offsets + min(2 * group + 2, p.n_lines));
+  } else {
+    lines_begin = __ldg(p.offsets + group);
+    lines_end = __ldg(p.offsets + group + 1);
+  }
+
+  typename Cfg::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(tid);
+  Tensor acc = partition_fragment_C(mma, Shape<_64, Int<Cfg::kTokens>>{});
+  clear(acc);
+
+  if (lines_end > lines_begin) {
+    int pending = -1;  // stage whose wgmma may still be reading shared memory
+    for (int it = 0;; ++it) {
+      const int s = it % S;
+      Barrier::wait(&sh.full[s], (it / S) & 1);
+      const int flags = *reinterpret_cast<volatile int*>(&sh.flags[s]);
+      if ((flags >> h) & 1) {
+        Tensor sA = make_tensor(make_smem_ptr(sh.stages[s].w[h]), typename Cfg::SmemLayoutA{});
+        Tensor sB = make_tensor(make_smem_ptr(sh.stages[s].act), typename Cfg::SmemLayoutB{});
+        Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));
+        Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));
+        warpgroup_fence_operand(acc);
+        warpgroup_arrive();
+        gemm(mma, tCrA, tCrB, acc);
+        warpgroup_commit_batch();
+        warpgroup_wait<1>();  // the previous stage's wgmma are done
+        warpgroup_fence_operand(acc);
+        if (pending >= 0) Barrier::arrive(&sh.empty[pending]);
+        pending = s;
+      } else {
+        warpgroup_wait<0>();
+        if (pending >= 0) Barrier::arrive(&sh.empty[pending]);
+        pending = -1;
+        Barrier::arrive(&sh.empty[s]);
+      }
+      if (flags & 4) break;
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc);
+  }
+
+  // Epilogue: both consumers are done reading the stages, which now hold the transposed output tiles.
+  cutlass::arch::NamedBarrier::sync(256, 1);
+  const int64_t n_out = int64_t(p.n_lines) * B;
+  const int feature0 = group * Cfg::kFeatures + h * 64;
+  T* tile = reinterpret_cast<T*>(&sh.stages[0]) + h * Cfg::kTokens * Cfg::kOutPitch;
+  if (feature0 < n_out) {
+    const T* bias = static_cast<const T*>(p.bias);
+    Tensor coord = thr_mma.partition_C(make_identity_tensor(Shape<_64, Int<Cfg::kTokens>>{}));
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) {
+      const int f = get<0>(coord(i)), t = get<1>(coord(i));
+      float v = acc(i);
+      if (bias != nullptr) v += float(bias[feature0 + f]);
+      tile[t * Cfg::kOutPitch + f] = T(v);
+    }
+  }
+  cutlass::arch::NamedBarrier::sync(128, 2 + h);
+  if (feature0 < n_out) {
+    T* out = static_cast<T*>(p.out);
+    constexpr int kChunksPerRow = 64 / 8;
+    CUTE_UNROLL
+    for (int i = 0; i < Cfg::kTokens * kChunksPerRow / 128; ++i) {
+      const int q = i * 128 + tid, t = q / kChunksPerRow, c = q % kChunksPerRow;
+      if (token0 + t < p.m) {
+        *reinterpret_cast<uint4*>(out + (int64_t(token0) + t) * n_out + feature0 + c * 8) =
+            *reinterpret_cast<const uint4*>(tile + t * Cfg::kOutPitch + c * 8);
+      }
+    }
+  }
+#else
+  __trap();  // never launched: the host picks this kernel only on sm_90 devices of a build with sm_90a
+#endif
+}
+
+// Host side: tensor maps through the driver entry point (no link against libcuda).
+inline cudaError_t encode_2d_map(CUtensorMap* map, CUtensorMapDataType dtype, const void* ptr, uint64_t inner,
+                                 uint64_t outer, uint32_t box_inner, uint32_t box_outer) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                                       &status);
+    if (err != cudaSuccess) return err;
+    if (status != cudaDriverEntryPointSuccess || fn == nullptr) return cudaErrorNotSupported;
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  const cuuint64_t dims[2] = {inner, outer};
+  const cuuint64_t strides[1] = {inner * 2};  // bytes, 16-bit elements
+  const cuuint32_t box[2] = {box_inner, box_outer};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  CUresult res = encode(map, dtype, 2, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// act (M, n_other * B), data [nnz, B, B] (nnz >= 1), out (M, n_lines * B).
+template <class Cfg>
+cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, int64_t nnz, const int32_t* offsets,
+                   const int32_t* keys, const int32_t* slots, int n_lines, const void* bias, void* out,
+                   cudaStream_t stream) {
+  if (m == 0 || n_lines == 0) return cudaSuccess;
+  constexpr int B = Cfg::Block;
+  const CUtensorMapDataType dtype = std::is_same<typename Cfg::T, cute::half_t>::value
+                                        ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                        : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  KernelParams p;
+  cudaError_t err = encode_2d_map(&p.act_map, dtype, act, uint64_t(n_other) * B, uint64_t(m), Cfg::BK,
+                                  Cfg::kTokens);
+  if (err != cudaSuccess) return err;
+  err = encode_2d_map(&p.data_map, dtype, data, B, uint64_t(nnz) * B, Cfg::BK, 64);
+  if (err != cudaSuccess) return err;
+  p.offsets = offsets;
+  p.keys = keys;
+  p.slots = slots;
+  p.bias = bias;
+  p.out = out;
+  p.m = m;
+  p.n_lines = n_lines;
+  err = sm80::prepare<ws_kernel<Cfg>>(Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const int64_t features = int64_t(n_lines) * B;
+  dim3 grid(unsigned((features + Cfg::kFeatures - 1) / Cfg::kFeatures), unsigned((m + Cfg::kTokens - 1) / Cfg::kTokens));
+  ws_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace sm90ws
+}  // namespace pbsng

@@ -1,0 +1,45 @@
+// Specializations of launch_dsd_sm90 / launch_dds_sm90 for one dtype (blocks 64 and 128; others:
+// cudaErrorInvalidValue). One translation unit per product and dtype keeps each compile short.
+#pragma once
+
+#include "block_sparse/kernel_sm90_ws.cuh"
+
+#define PBSNG_DEFINE_DSD_SM90_LAUNCHER(DTYPE)                                                                \
+  namespace pbsng {                                                                                        \
+  template <>                                                                                              \
+  cudaError_t launch_dsd_sm90<DTYPE>(const DsdParams& p, cudaStream_t stream) {                            \
+    using T = sm80::ElementFor<DTYPE>::type;                                                                \
+    if (p.splits != 1 || p.nnz < 1) return cudaErrorInvalidValue;                                          \
+    switch (p.block) {                                                                                     \
+      case 64:                                                                                             \
+        return sm90ws::launch<sm90ws::Config<T, 64, false>>(p.x, p.m, p.n_block_cols, p.data, p.nnz,        \
+                                                            p.row_offsets, p.col_indices, nullptr,        \
+                                                            p.n_block_rows, p.bias, p.y, stream);         \
+      case 128:                                                                                            \
+        return sm90ws::launch<sm90ws::Config<T, 128, false>>(p.x, p.m, p.n_block_cols, p.data, p.nnz,       \
+                                                             p.row_offsets, p.col_indices, nullptr,       \
+                                                             p.n_block_rows, p.bias, p.y, stream);        \
+      default: return cudaErrorInvalidValue;                                                               \
+    }                                                                                                      \
+  }                                                                                                        \
+  }
+
+#define PBSNG_DEFINE_DDS_SM90_LAUNCHER(DTYPE)                                                                \
+  namespace pbsng {                                                                                        \
+  template <>                                                                                              \
+  cudaError_t launch_dds_sm90<DTYPE>(const DdsParams& p, cudaStream_t stream) {                            \
+    using T = sm80::ElementFor<DTYPE>::type;                                                                \
+    if (p.nnz < 1) return cudaErrorInvalidValue;                                                           \
+    switch (p.block) {                                                                                     \
+      case 64:                                                                                             \
+        return sm90ws::launch<sm90ws::Config<T, 64, true>>(p.dy, p.m, p.n_block_rows, p.data, p.nnz,        \
+                                                           p.col_offsets_t, p.row_indices_t, p.perm_t,    \
+                                                           p.n_block_cols, nullptr, p.dx, stream);        \
+      case 128:                                                                                            \
+        return sm90ws::launch<sm90ws::Config<T, 128, true>>(p.dy, p.m, p.n_block_rows, p.data, p.nnz,       \
+                                                            p.col_offsets_t, p.row_indices_t, p.perm_t,   \
+                                                            p.n_block_cols, nullptr, p.dx, stream);       \
+      default: return cudaErrorInvalidValue;                                                               \
+    }                                                                                                      \
+  }                                                                                                        \
+  }
