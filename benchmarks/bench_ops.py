@@ -92,6 +92,10 @@ def main():
                 times["dds(sm80)"] = time_ms(lambda: ops.dds(dy, data, *index))
                 _ops.set_hopper_kernels(previous)
             times["sdd"] = time_ms(lambda: ops.sdd(dy, x, *index, (block, block)))
+            if _C.uses_hopper_kernels(torch.cuda.current_device(), block):
+                previous = _ops.set_hopper_kernels(False)
+                times["sdd(sm80)"] = time_ms(lambda: ops.sdd(dy, x, *index, (block, block)))
+                _ops.set_hopper_kernels(previous)
             print(f"block {block:3d} density {density:4.2f}: " + "  ".join(
                 f"{op} {t:7.4f} ms {kept / t / 1e9:6.1f} TF/s" for op, t in times.items()), flush=True)
 

@@ -251,14 +251,26 @@ at::Tensor sdd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_
                     " must have the same number of rows M");
   c10::cuda::CUDAGuard guard(dy.device());
   const int64_t m = dy.size(0), nnz = pat.nnz;
-  // Split the reduction over M across CTAs when there are too few kept blocks to fill the GPU.
-  const int64_t k_tiles = (m + sdd_k_tile_rows(block) - 1) / sdd_k_tile_rows(block);
-  const int64_t target_ctas = 2 * int64_t(multiprocessor_count(dy.device().index()));
+  const int64_t sms = multiprocessor_count(dy.device().index());
+  const bool hopper = use_hopper_for(dy.device().index(), block, m, nnz);
   int64_t splits = 1;
-  if (nnz > 0 && nnz < target_ctas) {
-    splits = std::min<int64_t>((target_ctas + nnz - 1) / nnz, std::max<int64_t>(1, k_tiles / 8));
-    splits = std::min<int64_t>(splits, 65535);
+  if (hopper) {
+    // One CTA per (block row, chunk of its blocks): split the reduction over M when these CTAs cannot fill
+    // the GPU, keeping >= 16 steps of 64 tokens per split.
+    const int64_t chunks = std::max<int64_t>(pat.n_block_rows, (nnz + sdd_sm90_chunk(block) - 1) /
+                                                                   sdd_sm90_chunk(block));
+    if (chunks < sms) {
+      splits = std::min<int64_t>((2 * sms + chunks - 1) / chunks, std::max<int64_t>(1, (m + 64 * 16 - 1) / (64 * 16)));
+    }
+  } else if (nnz > 0) {
+    // Split the reduction over M across CTAs when there are too few kept blocks to fill the GPU.
+    const int64_t k_tiles = (m + sdd_k_tile_rows(block) - 1) / sdd_k_tile_rows(block);
+    const int64_t target_ctas = 2 * sms;
+    if (nnz < target_ctas) {
+      splits = std::min<int64_t>((target_ctas + nnz - 1) / nnz, std::max<int64_t>(1, k_tiles / 8));
+    }
   }
+  splits = std::min<int64_t>(splits, 65535);
   at::Tensor out, out_f32;
   if (splits > 1) {
     out_f32 = at::zeros({nnz, block, block}, dy.options().dtype(at::kFloat));
@@ -266,12 +278,17 @@ at::Tensor sdd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_
     out = at::empty({nnz, block, block}, dy.options());
   }
   SddParams p{dy.data_ptr(), x.data_ptr(), splits > 1 ? nullptr : out.data_ptr(),
-              splits > 1 ? out_f32.data_ptr<float>() : nullptr, row_indices.data_ptr<int32_t>(),
-              col_indices.data_ptr<int32_t>(), m, nnz, int(pat.n_block_rows), int(pat.n_block_cols), block,
-              int(splits)};
+              splits > 1 ? out_f32.data_ptr<float>() : nullptr, row_offsets.data_ptr<int32_t>(),
+              row_indices.data_ptr<int32_t>(), col_indices.data_ptr<int32_t>(), m, nnz, int(pat.n_block_rows),
+              int(pat.n_block_cols), block, int(splits)};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
-  check_launch(dtype_of(dy) == DType::kFloat16 ? launch_sdd_sm80<DType::kFloat16>(p, stream)
-                                               : launch_sdd_sm80<DType::kBFloat16>(p, stream), kSdd);
+  if (hopper) {
+    check_launch(dtype_of(dy) == DType::kFloat16 ? launch_sdd_sm90<DType::kFloat16>(p, stream)
+                                                 : launch_sdd_sm90<DType::kBFloat16>(p, stream), kSdd);
+  } else {
+    check_launch(dtype_of(dy) == DType::kFloat16 ? launch_sdd_sm80<DType::kFloat16>(p, stream)
+                                                 : launch_sdd_sm80<DType::kBFloat16>(p, stream), kSdd);
+  }
   return splits > 1 ? out_f32.to(dy.scalar_type()) : out;
 }
 

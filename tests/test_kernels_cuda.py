@@ -105,27 +105,32 @@ def _dsd_dds_case(case, seed_offset):
     return w, index, x, dy, bias, data
 
 
-def _check_dsd_dds(label, case, w, index, x, dy, bias, data):
+def _check_products(label, case, w, index, x, dy, bias, data):
     dense_t = w.to_dense(data.float()).detach().to(case.dtype)
     y = OPS.dsd(x, data, bias, *index)
     assert_like_torch(f"dsd ({label})", y, reference.dsd(x.float(), data.float(), bias.float(), *index),
                       F.linear(x, dense_t, bias))
     dx = OPS.dds(dy, data, *index)
     assert_like_torch(f"dds ({label})", dx, reference.dds(dy.float(), data.float(), *index), dy @ dense_t)
+    block = (case.block, case.block)
+    dw = OPS.sdd(dy, x, *index, block)
+    torch_dw = (dy.t() @ x).reshape(w.grid[0], case.block, w.grid[1], case.block).transpose(1, 2)[
+        w.row_indices.long(), w.col_indices.long()]
+    assert_like_torch(f"sdd ({label})", dw, reference.sdd(dy.float(), x.float(), *index, block), torch_dw)
 
 
 @pytest.mark.cuda
 @requires_kernels
 @pytest.mark.parametrize("case", [c for c in GRID if c.block in (64, 128) and c.m in (7, 1000) and c.density > 0],
                          ids=case_id)
-def test_dsd_dds_sm80_path_on_every_gpu(case):
-    """With the Hopper kernels switched off, dsd / dds take the SM80 path on Hopper too: keep it tested there."""
+def test_sm80_path_on_every_gpu(case):
+    """With the Hopper kernels switched off, dsd / dds / sdd take the SM80 path on Hopper too: keep it tested there."""
     from pytorch_block_sparse_ng import _ops
 
     tensors = _dsd_dds_case(case, 1)
     previous = _ops.set_hopper_kernels(False)
     try:
-        _check_dsd_dds("SM80 path", case, *tensors)
+        _check_products("SM80 path", case, *tensors)
     finally:
         _ops.set_hopper_kernels(previous)
 
@@ -134,6 +139,8 @@ HOPPER_GRID = [c for c in GRID if c.block in (64, 128)]
 HOPPER_GRID += [Case(m, 1024, 768, d, b, t) for m in (255, 256, 257, 513) for d in (0.05, 0.3) for b in (64, 128)
                 for t in DTYPES]
 HOPPER_GRID += [Case(300, 4096, 3072 + 64, 0.5, 64, torch.bfloat16)]  # an odd number of block rows of 64
+# sdd: few chunks -> the reduction over M split across CTAs (uneven last split), and rows of 1..8+ blocks.
+HOPPER_GRID += [Case(m, 768, 1024, d, b, torch.float16) for m in (4097, 20000) for d in (0.05, 0.2) for b in (64, 128)]
 
 
 @pytest.mark.cuda
@@ -141,7 +148,7 @@ HOPPER_GRID += [Case(300, 4096, 3072 + 64, 0.5, 64, torch.bfloat16)]  # an odd n
 @pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
                     reason="the Hopper kernels run on sm_90 GPUs only")
 @pytest.mark.parametrize("case", HOPPER_GRID, ids=case_id)
-def test_dsd_dds_hopper_path_at_every_m(case):
+def test_hopper_path_at_every_m(case):
     """The Hopper kernels (256-token tiles, TMA zero-fill past M) with the M threshold lowered to 1."""
     from pytorch_block_sparse_ng import _C, _ops
 
@@ -150,7 +157,7 @@ def test_dsd_dds_hopper_path_at_every_m(case):
     tensors = _dsd_dds_case(case, 2)
     previous = _ops.set_hopper_min_rows(1)
     try:
-        _check_dsd_dds("Hopper path", case, *tensors)
+        _check_products("Hopper path", case, *tensors)
     finally:
         _ops.set_hopper_min_rows(previous)
 

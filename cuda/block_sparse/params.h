@@ -54,6 +54,7 @@ struct SddParams {
   const void* x;            // (M, K)
   void* out;                // [nnz, B, B] in the input dtype (splits == 1)
   float* out_f32;           // [nnz, B, B] fp32, zeroed (splits > 1)
+  const int32_t* row_offsets;  // [R + 1]
   const int32_t* row_indices;  // [nnz]
   const int32_t* col_indices;  // [nnz]
   int64_t m;
@@ -73,6 +74,9 @@ template <DType D> cudaError_t launch_sdd_sm80(const SddParams& p, cudaStream_t 
 // {dsd,dds}_sm90_{f16,bf16}.cu; launch only on sm_90 devices.
 template <DType D> cudaError_t launch_dsd_sm90(const DsdParams& p, cudaStream_t stream);
 template <DType D> cudaError_t launch_dds_sm90(const DdsParams& p, cudaStream_t stream);
+// Hopper sdd for blocks 64 and 128: one CTA per (block row, chunk of sdd_sm90_chunk(B) of its blocks, split).
+template <DType D> cudaError_t launch_sdd_sm90(const SddParams& p, cudaStream_t stream);
+inline int sdd_sm90_chunk(int block) { return block == 64 ? 8 : 2; }
 
 // Number of k-tiles along M of one sdd block, for choosing `splits` (BK depends on the block size).
 int sdd_k_tile_rows(int block);

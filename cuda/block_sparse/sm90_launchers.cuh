@@ -1,7 +1,8 @@
-// Specializations of launch_dsd_sm90 / launch_dds_sm90 for one dtype (blocks 64 and 128; others:
+// Specializations of launch_{dsd,dds,sdd}_sm90 for one dtype (blocks 64 and 128; others:
 // cudaErrorInvalidValue). One translation unit per product and dtype keeps each compile short.
 #pragma once
 
+#include "block_sparse/kernel_sm90_sdd.cuh"
 #include "block_sparse/kernel_sm90_ws.cuh"
 
 #define PBSNG_DEFINE_DSD_SM90_LAUNCHER(DTYPE)                                                                \
@@ -39,6 +40,26 @@
         return sm90ws::launch<sm90ws::Config<T, 128, true>>(p.dy, p.m, p.n_block_rows, p.data, p.nnz,       \
                                                             p.col_offsets_t, p.row_indices_t, p.perm_t,   \
                                                             p.n_block_cols, nullptr, p.dx, stream);       \
+      default: return cudaErrorInvalidValue;                                                               \
+    }                                                                                                      \
+  }                                                                                                        \
+  }
+
+#define PBSNG_DEFINE_SDD_SM90_LAUNCHER(DTYPE)                                                                \
+  namespace pbsng {                                                                                        \
+  template <>                                                                                              \
+  cudaError_t launch_sdd_sm90<DTYPE>(const SddParams& p, cudaStream_t stream) {                            \
+    using T = sm80::ElementFor<DTYPE>::type;                                                                \
+    if (p.m < 1) return cudaErrorInvalidValue;                                                             \
+    switch (p.block) {                                                                                     \
+      case 64:                                                                                             \
+        return sm90sdd::launch<sm90sdd::Config<T, 64>>(p.dy, p.x, p.m, p.n_block_rows, p.n_block_cols,      \
+                                                       p.row_offsets, p.col_indices, p.out, p.out_f32,    \
+                                                       p.splits, stream);                                 \
+      case 128:                                                                                            \
+        return sm90sdd::launch<sm90sdd::Config<T, 128>>(p.dy, p.x, p.m, p.n_block_rows, p.n_block_cols,     \
+                                                        p.row_offsets, p.col_indices, p.out, p.out_f32,   \
+                                                        p.splits, stream);                                \
       default: return cudaErrorInvalidValue;                                                               \
     }                                                                                                      \
   }                                                                                                        \

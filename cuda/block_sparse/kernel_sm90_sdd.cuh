@@ -1,0 +1,225 @@
+// sdd (dW_b = dy_r^T x_c on the kept blocks, reduced over the M tokens) on Hopper: TMA loads, an mbarrier
+// pipeline and warp-specialized wgmma (sm_90a). Shares the TMA / tensor-map helpers of kernel_sm90_ws.cuh.
+//
+// One CTA: one block row r and a chunk of its kept blocks, over a range of 64-token steps (the whole M, or a
+// split of it whose fp32 partial sums are added atomically). Each consumer warpgroup computes a 64 x 256 tile
+// with 64 x 256 x 16 wgmma, tokens being the reduction:
+//   block 64:  chunk of 8 blocks; consumer h owns blocks 4h .. 4h+3 (N = 4 x 64), both share the dy tile A;
+//   block 128: chunk of 2 blocks; consumer h owns features 64h .. 64h+63 of the row, both share the x tiles
+//              of the two blocks (N = 2 x 128).
+// Both operands are read MN-major (dy^T and x are transposed views of row-major activations), which wgmma
+// allows for 16-bit types. Missing blocks of a partial chunk leave their columns unloaded: their results are
+// not stored.
+//
+// Constraints: sm_90a only; fp16 / bf16; blocks 64 and 128; 16-byte aligned activations.
+#pragma once
+
+#include "block_sparse/kernel_sm90_ws.cuh"
+
+namespace pbsng {
+namespace sm90sdd {
+
+template <class T> struct GmmaAtom;
+template <> struct GmmaAtom<cute::half_t> {
+  using type = cute::SM90_64x256x16_F32F16F16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::MN>;
+};
+template <> struct GmmaAtom<cute::bfloat16_t> {
+  using type = cute::SM90_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::MN>;
+};
+
+template <class T_, int Block_>
+struct Config {
+  using T = T_;
+  static constexpr int Block = Block_;
+  static_assert(Block == 64 || Block == 128, "blocks of 64 or 128");
+  static constexpr int BK = 64;                            // tokens per stage
+  static constexpr int kChunk = Block == 64 ? 8 : 2;       // blocks per CTA
+  static constexpr int kATiles = Block == 64 ? 1 : 2;      // dy^T tiles (64 features each) per stage
+  static constexpr int kBTiles = Block == 64 ? 2 : 1;      // x tiles (256 columns each) per stage
+  static constexpr int kStages = Block == 64 ? 3 : 4;
+  static constexpr int kThreads = 384;
+  using SmemLayoutA = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<T>{},
+                                                   cute::make_shape(cute::Int<64>{}, cute::Int<BK>{})));
+  // Column-block-major (Step<_2, _1>): each 64-column group holds all BK rows contiguously, one TMA box.
+  using SmemLayoutB = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<T>{},
+                                                   cute::make_shape(cute::Int<256>{}, cute::Int<BK>{}),
+                                                   cute::Step<cute::_2, cute::_1>{}));
+  using TiledMma = decltype(cute::make_tiled_mma(typename GmmaAtom<T>::type{}));
+  static constexpr int kBoxBytes = 64 * BK * int(sizeof(T));  // 8 KB
+
+  struct alignas(1024) Stage {
+    T a[kATiles][64 * BK];
+    T b[kBTiles][256 * BK];
+  };
+  struct SharedStorage {
+    Stage stages[kStages];
+    uint64_t full[kStages];
+    uint64_t empty[kStages];
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
+};
+
+struct KernelParams {
+  CUtensorMap dy_map;  // (M, N), box 64 tokens x 64 features
+  CUtensorMap x_map;   // (M, K), box 64 tokens x 64 features
+  const int32_t* row_offsets;
+  const int32_t* col_indices;
+  void* out;           // [nnz, B, B] in T (splits == 1)
+  float* out_f32;      // [nnz, B, B] fp32, zeroed (splits > 1)
+  int64_t m;
+  int splits;
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_constant__ KernelParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace cute;
+  using T = typename Cfg::T;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int S = Cfg::kStages, B = Cfg::Block, BK = Cfg::BK;
+  extern __shared__ char smem_raw[];
+  auto& sh = *reinterpret_cast<typename Cfg::SharedStorage*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+
+  const int row = blockIdx.x;
+  const int row_end = __ldg(p.row_offsets + row + 1);
+  const int begin = __ldg(p.row_offsets + row) + int(blockIdx.y) * Cfg::kChunk;
+  if (begin >= row_end) return;  // this row has fewer chunks (uniform for the whole CTA)
+  const int count = min(Cfg::kChunk, row_end - begin);
+  // This CTA's token steps.
+  const int steps = int((p.m + BK - 1) / BK);
+  const int per_split = (steps + p.splits - 1) / p.splits;
+  const int step_begin = min(steps, int(blockIdx.z) * per_split);
+  const int step_end = min(steps, step_begin + per_split);
+  const int n_steps = step_end - step_begin;
+  // block 64: consumer h has blocks 4h .. 4h+3 of the chunk (maybe none); block 128: both consumers work.
+  const int active_consumers = B == 64 ? (count > 4 ? 2 : 1) : 2;
+
+  const int warpgroup = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      Barrier::init(&sh.full[s], 1);
+      Barrier::init(&sh.empty[s], 128 * active_consumers);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (threadIdx.x == 0) {
+      int cols[Cfg::kChunk];
+      CUTE_UNROLL
+      for (int j = 0; j < Cfg::kChunk; ++j) cols[j] = j < count ? __ldg(p.col_indices + begin + j) : 0;
+      const int bytes = (Cfg::kATiles + (B == 64 ? count : 2 * count)) * Cfg::kBoxBytes;
+      for (int it = 0; it < n_steps; ++it) {
+        const int s = it % S, token = (step_begin + it) * BK;
+        Barrier::wait(&sh.empty[s], ((it / S) & 1) ^ 1);
+        TxBarrier::arrive_and_expect_tx(&sh.full[s], bytes);
+        auto& st = sh.stages[s];
+        CUTE_UNROLL
+        for (int a = 0; a < Cfg::kATiles; ++a) {
+          sm90ws::tma_load_2d(st.a[a], &p.dy_map, &sh.full[s], row * B + a * 64, token);
+        }
+        CUTE_UNROLL
+        for (int j = 0; j < Cfg::kChunk; ++j) {
+          if (j < count) {
+            if constexpr (B == 64) {
+              sm90ws::tma_load_2d(st.b[j / 4] + (j % 4) * 64 * BK, &p.x_map, &sh.full[s], cols[j] * B, token);
+            } else {
+              for (int half = 0; half < 2; ++half) {
+                sm90ws::tma_load_2d(st.b[0] + (2 * j + half) * 64 * BK, &p.x_map, &sh.full[s],
+                                    cols[j] * B + half * 64, token);
+              }
+            }
+          }
+        }
+      }
+    }
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int h = warpgroup - 1, tid = threadIdx.x % 128;
+  if (h >= active_consumers) return;
+
+  typename Cfg::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(tid);
+  Tensor acc = partition_fragment_C(mma, Shape<_64, _256>{});
+  clear(acc);
+  const int a_tile = B == 64 ? 0 : h, b_tile = B == 64 ? h : 0;
+  int pending = -1;
+  for (int it = 0; it < n_steps; ++it) {
+    const int s = it % S;
+    Barrier::wait(&sh.full[s], (it / S) & 1);
+    Tensor sA = make_tensor(make_smem_ptr(sh.stages[s].a[a_tile]), typename Cfg::SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(sh.stages[s].b[b_tile]), typename Cfg::SmemLayoutB{});
+    Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));
+    Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));
+    warpgroup_fence_operand(acc);
+    warpgroup_arrive();
+    gemm(mma, tCrA, tCrB, acc);
+    warpgroup_commit_batch();
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(acc);
+    if (pending >= 0) Barrier::arrive(&sh.empty[pending]);
+    pending = s;
+  }
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(acc);
+
+  // Store: accumulator (f, n) -> block j = n / B' of the chunk, element (f', k) of it.
+  Tensor coord = thr_mma.partition_C(make_identity_tensor(Shape<_64, _256>{}));
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) {
+    const int f = get<0>(coord(i)), n = get<1>(coord(i));
+    int j, fb, kb;
+    if constexpr (B == 64) {
+      j = 4 * h + n / 64, fb = f, kb = n % 64;
+    } else {
+      j = n / 128, fb = 64 * h + f, kb = n % 128;
+    }
+    if (j < count) {
+      const int64_t offset = (int64_t(begin) + j) * B * B + fb * B + kb;
+      if (p.splits == 1) {
+        static_cast<T*>(p.out)[offset] = T(acc(i));
+      } else {
+        atomicAdd(p.out_f32 + offset, acc(i));
+      }
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
+template <class Cfg>
+cudaError_t launch(const void* dy, const void* x, int64_t m, int n_block_rows, int n_block_cols,
+                   const int32_t* row_offsets, const int32_t* col_indices, void* out, float* out_f32, int splits,
+                   cudaStream_t stream) {
+  if (n_block_rows == 0) return cudaSuccess;
+  constexpr int B = Cfg::Block;
+  const CUtensorMapDataType dtype = std::is_same<typename Cfg::T, cute::half_t>::value
+                                        ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                        : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  KernelParams p;
+  cudaError_t err = sm90ws::encode_2d_map(&p.dy_map, dtype, dy, uint64_t(n_block_rows) * B, uint64_t(m), 64,
+                                          Cfg::BK);
+  if (err != cudaSuccess) return err;
+  err = sm90ws::encode_2d_map(&p.x_map, dtype, x, uint64_t(n_block_cols) * B, uint64_t(m), 64, Cfg::BK);
+  if (err != cudaSuccess) return err;
+  p.row_offsets = row_offsets;
+  p.col_indices = col_indices;
+  p.out = out;
+  p.out_f32 = out_f32;
+  p.m = m;
+  p.splits = splits;
+  err = sm80::prepare<sdd_kernel<Cfg>>(Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  dim3 grid(unsigned(n_block_rows), unsigned((n_block_cols + Cfg::kChunk - 1) / Cfg::kChunk), unsigned(splits));
+  sdd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace sm90sdd
+}  // namespace pbsng

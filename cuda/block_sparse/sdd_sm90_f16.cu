@@ -1,0 +1,4 @@
+// sdd on Hopper (TMA + warp-specialized wgmma) for f16 inputs; kernel_sm90_sdd.cuh has the kernel.
+#include "block_sparse/sm90_launchers.cuh"
+
+PBSNG_DEFINE_SDD_SM90_LAUNCHER(DType::kFloat16)
