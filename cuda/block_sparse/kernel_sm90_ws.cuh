@@ -1,5 +1,6 @@
-// dsd (y = x W^T + bias) and dds (dx = dy W) on Hopper: TMA loads, an mbarrier pipeline and warp-specialized
-// wgmma (sm_90a), written with CuTe for the shared-memory layouts and the wgmma descriptors.
+// dsd (y = x W^T + bias) and dds (dx = dy W) on Hopper: TMA loads and stores, an mbarrier pipeline and
+// warp-specialized wgmma (sm_90a) in a persistent kernel, written with CuTe for the shared-memory layouts and
+// the wgmma descriptors.
 //
 // Both products walk a list of kept blocks per output "line" (a block row of W for dsd, a block column for dds,
 // through the column-major index) and compute out^T[line features, tokens] = W_line * act^T, so that the
@@ -7,17 +8,22 @@
 // instructions read ~51 FLOP per shared-memory byte, above what the tensor cores need (an N = 64 tile of
 // tokens-as-M would sit at the shared-memory limit).
 //
-// One CTA: 256 tokens x 128 output features, three warpgroups. Warpgroup 0 (one thread) issues TMA loads; the
-// two consumer warpgroups own 64 features each:
+// A tile: 256 tokens x 128 output features. One CTA per SM walks tiles (feature group fastest, so the CTAs in
+// flight share activation rows in L2) with three warpgroups. Warpgroup 0 (one thread) issues the TMA loads,
+// running ahead into the next tile while the consumers finish the current one; the two consumer warpgroups own
+// 64 features each:
 //   block 64:  consumer h owns line 2g + h. The producer merges the two lines' sorted block lists, so an
-//              activation tile needed by both lines is loaded once (the reuse that makes blocks of 64
-//              affordable: a lone 64-feature line moves ~64 FLOP per L2 byte, below what 500+ TFLOP/s need);
-//              the consumer whose line lacks that block skips the wgmma.
+//              activation tile needed by both lines is loaded once; the consumer whose line lacks that block
+//              skips the wgmma.
 //   block 128: both consumers share line g (features 0-63 and 64-127 of the block row), each block in two
 //              k-steps of 64.
 // dds reads W blocks transposed: the same TMA box lands in an MN-major layout (wgmma transposes 16-bit A).
-// The epilogue transposes the fp32 accumulators through shared memory into coalesced 16-byte row stores
-// (rows past M are not written; TMA zero-fills the loads past M).
+// Epilogue: the fp32 accumulators (+ bias), rounded, are written transposed into a 128-byte-swizzled tile of
+// their own (conflict-free 2-byte stores) and stored by TMA, which clips rows past M (TMA loads zero-fill them)
+// and runs while the consumers start the next tile.
+//
+// Measured and dropped: sharing activation tiles across 2 or 4 CTAs with cluster multicast (the union of more
+// lines' lists) was 5-50 % slower on an H100 than this kernel without clusters (benchmarks/bench_ops.py).
 //
 // Constraints: sm_90a only (other archs compile a trap; the host dispatches by device); fp16 / bf16; blocks
 // 64 and 128; activation row stride a multiple of 16 bytes and 16-byte aligned pointers (bindings.cpp checks).
@@ -51,20 +57,23 @@ struct Config {
   using T = T_;
   static constexpr int Block = Block_;
   static constexpr bool TransposeW = TransposeW_;  // dds: A = W_b^T
-  static constexpr int kTokens = 256, kFeatures = 128, BK = 64, kStages = 4;
-  static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
   static_assert(Block == 64 || Block == 128, "blocks of 64 or 128");
+  static constexpr int kLinesPerTile = Block == 64 ? 2 : 1;
+  static constexpr int kTokens = 256, kFeatures = 128, BK = 64, kStages = 3;
+  static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
   static constexpr cute::GMMA::Major MajorA = TransposeW ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
   using SmemLayoutA = decltype(cute::tile_to_shape(
       cute::conditional_t<TransposeW, cute::GMMA::Layout_MN_SW128_Atom<T>, cute::GMMA::Layout_K_SW128_Atom<T>>{},
       cute::make_shape(cute::Int<64>{}, cute::Int<BK>{})));
   using SmemLayoutB = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<T>{},
                                                    cute::make_shape(cute::Int<kTokens>{}, cute::Int<BK>{})));
+  // The output tile of one consumer, (tokens, 64 features) with 128-byte rows swizzled as TMA expects.
+  using SmemLayoutOut = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<T>{},
+                                                     cute::make_shape(cute::Int<kTokens>{}, cute::Int<64>{})));
   using TiledMma = decltype(cute::make_tiled_mma(typename GmmaAtom<T, MajorA>::type{}));
 
   static constexpr int kActTileBytes = kTokens * BK * int(sizeof(T));  // 32 KB
   static constexpr int kWTileBytes = 64 * BK * int(sizeof(T));         // 8 KB per consumer
-  static constexpr int kOutPitch = 64 + 8;  // padded row (elements) of the epilogue's transposed tile
 
   struct alignas(1024) Stage {
     T act[kTokens * BK];
@@ -72,12 +81,11 @@ struct Config {
   };
   struct SharedStorage {
     Stage stages[kStages];
+    alignas(1024) T out[2][kTokens * 64];
     uint64_t full[kStages];
     uint64_t empty[kStages];
-    int flags[kStages];  // bit h: consumer h has a W tile in this stage; bit 2: last stage of the CTA
+    int flags[kStages];  // bit h: consumer h has a W tile in this stage; bit 2: last stage of its tile
   };
-  static_assert(2 * kTokens * kOutPitch * int(sizeof(T)) <= int(sizeof(Stage)) * kStages,
-                "the epilogue reuses the stages' shared memory");
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + alignment slack
 };
 
@@ -86,13 +94,14 @@ struct Config {
 struct KernelParams {
   CUtensorMap act_map;   // x (dsd) or dy (dds): (M, K_act), box 256 tokens x 64
   CUtensorMap data_map;  // data viewed as (nnz * B, B), box 64 x 64
+  CUtensorMap out_map;   // (M, n_lines * B), box 256 tokens x 64
   const int32_t* offsets;
   const int32_t* keys;
   const int32_t* slots;
   const void* bias;  // (n_lines * B,) or nullptr
-  void* out;         // (M, n_lines * B)
-  int64_t m;
   int n_lines;
+  int n_groups;      // tiles along the features: ceil(n_lines * B / 128)
+  int n_tiles;       // n_groups x ceil(M / 256)
 };
 
 __device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
@@ -106,12 +115,36 @@ __device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* m
 #endif
 }
 
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* smem_src, int c0, int c1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+               :
+               : "l"(reinterpret_cast<uint64_t>(map)), "r"(cute::cast_smem_ptr_to_uint(smem_src)), "r"(c0), "r"(c1)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#endif
+}
+
+// Wait until the committed TMA stores of this thread have read their shared memory.
+__device__ __forceinline__ void tma_store_wait_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+#endif
+}
+
+// The lines of feature group g: [first, last) entries and the line count (the last group may have one line).
+template <int B>
+__device__ __forceinline__ void group_lines(const KernelParams& p, int group, int& first, int& count) {
+  first = group * (B == 64 ? 2 : 1);
+  count = min(B == 64 ? 2 : 1, p.n_lines - first);
+}
+
 template <class Cfg>
-__device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::SharedStorage& sh, int group,
-                                        int token0) {
+__device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::SharedStorage& sh) {
   using Barrier = cutlass::arch::ClusterBarrier;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int S = Cfg::kStages, B = Cfg::Block;
+  auto slot_of = [&](int e) { return p.slots == nullptr ? e : __ldg(p.slots + e); };
   int it = 0;
   auto next_stage = [&](int flags, int w_tiles) -> int {
     const int s = it % S;
@@ -121,40 +154,43 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
     ++it;
     return s;
   };
-  auto slot_of = [&](int e) { return p.slots == nullptr ? e : __ldg(p.slots + e); };
-  if constexpr (B == 64) {
-    const int l0 = 2 * group, l1 = 2 * group + 1;
-    int e0 = __ldg(p.offsets + l0), end0 = __ldg(p.offsets + l0 + 1);
-    int e1 = 0, end1 = 0;
-    if (l1 < p.n_lines) e1 = __ldg(p.offsets + l1), end1 = __ldg(p.offsets + l1 + 1);
-    while (e0 < end0 || e1 < end1) {
-      const int k0 = e0 < end0 ? __ldg(p.keys + e0) : INT_MAX;
-      const int k1 = e1 < end1 ? __ldg(p.keys + e1) : INT_MAX;
-      const int key = min(k0, k1);
-      const bool has0 = k0 == key, has1 = k1 == key;
-      const int slot0 = has0 ? slot_of(e0) : 0, slot1 = has1 ? slot_of(e1) : 0;
-      e0 += has0;
-      e1 += has1;
-      const bool last = !(e0 < end0 || e1 < end1);
-      const int s = next_stage(int(has0) | (int(has1) << 1) | (int(last) << 2), int(has0) + int(has1));
-      tma_load_2d(sh.stages[s].act, &p.act_map, &sh.full[s], key * B, token0);
-      if (has0) tma_load_2d(sh.stages[s].w[0], &p.data_map, &sh.full[s], 0, slot0 * B);
-      if (has1) tma_load_2d(sh.stages[s].w[1], &p.data_map, &sh.full[s], 0, slot1 * B);
-    }
-  } else {
-    const int begin = __ldg(p.offsets + group), end = __ldg(p.offsets + group + 1);
-    for (int e = begin; e < end; ++e) {
-      const int key = __ldg(p.keys + e), slot = slot_of(e);
-      for (int half = 0; half < 2; ++half) {
-        const bool last = e + 1 == end && half == 1;
-        const int s = next_stage(3 | (int(last) << 2), 2);
-        tma_load_2d(sh.stages[s].act, &p.act_map, &sh.full[s], key * B + half * 64, token0);
-        for (int h = 0; h < 2; ++h) {
-          // dsd: rows h*64.. of the block, k-step `half`; dds (W_b^T): rows (reduction) `half`, columns h*64..
-          if constexpr (Cfg::TransposeW) {
-            tma_load_2d(sh.stages[s].w[h], &p.data_map, &sh.full[s], h * 64, slot * B + half * 64);
-          } else {
-            tma_load_2d(sh.stages[s].w[h], &p.data_map, &sh.full[s], half * 64, slot * B + h * 64);
+  for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
+    const int group = tile % p.n_groups, token0 = tile / p.n_groups * Cfg::kTokens;
+    int line0, lines;
+    group_lines<B>(p, group, line0, lines);
+    if constexpr (B == 64) {
+      int e0 = __ldg(p.offsets + line0), end0 = __ldg(p.offsets + line0 + 1);
+      int e1 = 0, end1 = 0;
+      if (lines == 2) e1 = __ldg(p.offsets + line0 + 1), end1 = __ldg(p.offsets + line0 + 2);
+      while (e0 < end0 || e1 < end1) {
+        const int k0 = e0 < end0 ? __ldg(p.keys + e0) : INT_MAX;
+        const int k1 = e1 < end1 ? __ldg(p.keys + e1) : INT_MAX;
+        const int key = min(k0, k1);
+        const bool has0 = k0 == key, has1 = k1 == key;
+        const int slot0 = has0 ? slot_of(e0) : 0, slot1 = has1 ? slot_of(e1) : 0;
+        e0 += has0;
+        e1 += has1;
+        const bool last = !(e0 < end0 || e1 < end1);
+        const int s = next_stage(int(has0) | (int(has1) << 1) | (int(last) << 2), int(has0) + int(has1));
+        tma_load_2d(sh.stages[s].act, &p.act_map, &sh.full[s], key * B, token0);
+        if (has0) tma_load_2d(sh.stages[s].w[0], &p.data_map, &sh.full[s], 0, slot0 * B);
+        if (has1) tma_load_2d(sh.stages[s].w[1], &p.data_map, &sh.full[s], 0, slot1 * B);
+      }
+    } else {
+      const int begin = __ldg(p.offsets + line0), end = __ldg(p.offsets + line0 + 1);
+      for (int e = begin; e < end; ++e) {
+        const int key = __ldg(p.keys + e), slot = slot_of(e);
+        for (int half = 0; half < 2; ++half) {
+          const bool last = e + 1 == end && half == 1;
+          const int s = next_stage(3 | (int(last) << 2), 2);
+          tma_load_2d(sh.stages[s].act, &p.act_map, &sh.full[s], key * B + half * 64, token0);
+          for (int h = 0; h < 2; ++h) {
+            // dsd: rows h*64.. of the block, k-step `half`; dds (W_b^T): rows (reduction) `half`, columns h*64..
+            if constexpr (Cfg::TransposeW) {
+              tma_load_2d(sh.stages[s].w[h], &p.data_map, &sh.full[s], h * 64, slot * B + half * 64);
+            } else {
+              tma_load_2d(sh.stages[s].w[h], &p.data_map, &sh.full[s], half * 64, slot * B + h * 64);
+            }
           }
         }
       }
@@ -172,9 +208,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
   extern __shared__ char smem_raw[];
   auto& sh = *reinterpret_cast<typename Cfg::SharedStorage*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-
-  const int group = blockIdx.x;
-  const int token0 = int(blockIdx.y) * Cfg::kTokens;
   const int warpgroup = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -188,86 +221,76 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
-    if (threadIdx.x == 0) produce<Cfg>(p, sh, group, token0);
+    if (threadIdx.x == 0) produce<Cfg>(p, sh);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<232>();
   const int h = warpgroup - 1, tid = threadIdx.x % 128;
-  // Does this CTA have any stage? (Then the producer marks the last one.)
-  int lines_begin, lines_end;
-  if constexpr (B == 64) {
-    lines_begin = __ldg(p.offsets + 2 * group);
-    lines_end = __ldg(p.offsets + min(2 * group + 2, p.n_lines));
-  } else {
-    lines_begin = __ldg(p.offsets + group);
-    lines_end = __ldg(p.offsets + group + 1);
-  }
+  const T* bias = static_cast<const T*>(p.bias);
 
   typename Cfg::TiledMma mma;
   auto thr_mma = mma.get_thread_slice(tid);
   Tensor acc = partition_fragment_C(mma, Shape<_64, Int<Cfg::kTokens>>{});
-  clear(acc);
+  Tensor coord = thr_mma.partition_C(make_identity_tensor(Shape<_64, Int<Cfg::kTokens>>{}));
+  Tensor out_tile = make_tensor(make_smem_ptr(sh.out[h]), typename Cfg::SmemLayoutOut{});  // (token, feature)
 
-  if (lines_end > lines_begin) {
-    int pending = -1;  // stage whose wgmma may still be reading shared memory
-    for (int it = 0;; ++it) {
-      const int s = it % S;
-      Barrier::wait(&sh.full[s], (it / S) & 1);
-      const int flags = *reinterpret_cast<volatile int*>(&sh.flags[s]);
-      if ((flags >> h) & 1) {
-        Tensor sA = make_tensor(make_smem_ptr(sh.stages[s].w[h]), typename Cfg::SmemLayoutA{});
-        Tensor sB = make_tensor(make_smem_ptr(sh.stages[s].act), typename Cfg::SmemLayoutB{});
-        Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));
-        Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));
-        warpgroup_fence_operand(acc);
-        warpgroup_arrive();
-        gemm(mma, tCrA, tCrB, acc);
-        warpgroup_commit_batch();
-        warpgroup_wait<1>();  // the previous stage's wgmma are done
-        warpgroup_fence_operand(acc);
-        if (pending >= 0) Barrier::arrive(&sh.empty[pending]);
-        pending = s;
-      } else {
-        warpgroup_wait<0>();
-        if (pending >= 0) Barrier::arrive(&sh.empty[pending]);
-        pending = -1;
-        Barrier::arrive(&sh.empty[s]);
+  int it = 0;
+  for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
+    const int group = tile % p.n_groups, token0 = tile / p.n_groups * Cfg::kTokens;
+    int line0, lines;
+    group_lines<B>(p, group, line0, lines);
+    clear(acc);
+    if (__ldg(p.offsets + line0 + lines) > __ldg(p.offsets + line0)) {  // else the producer made no stage
+      int pending = -1;  // stage whose wgmma may still be reading shared memory
+      for (;; ++it) {
+        const int s = it % S;
+        Barrier::wait(&sh.full[s], (it / S) & 1);
+        const int flags = *reinterpret_cast<volatile int*>(&sh.flags[s]);
+        if ((flags >> h) & 1) {
+          Tensor sA = make_tensor(make_smem_ptr(sh.stages[s].w[h]), typename Cfg::SmemLayoutA{});
+          Tensor sB = make_tensor(make_smem_ptr(sh.stages[s].act), typename Cfg::SmemLayoutB{});
+          Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));
+          Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));
+          warpgroup_fence_operand(acc);
+          warpgroup_arrive();
+          gemm(mma, tCrA, tCrB, acc);
+          warpgroup_commit_batch();
+          warpgroup_wait<1>();  // the previous stage's wgmma are done
+          warpgroup_fence_operand(acc);
+          if (pending >= 0) Barrier::arrive(&sh.empty[pending]);
+          pending = s;
+        } else {
+          warpgroup_wait<0>();
+          if (pending >= 0) Barrier::arrive(&sh.empty[pending]);
+          pending = -1;
+          Barrier::arrive(&sh.empty[s]);
+        }
+        if (flags & 4) break;
       }
-      if (flags & 4) break;
+      ++it;
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc);
+      if (pending >= 0) Barrier::arrive(&sh.empty[pending]);
     }
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc);
-  }
 
-  // Epilogue: both consumers are done reading the stages, which now hold the transposed output tiles.
-  cutlass::arch::NamedBarrier::sync(256, 1);
-  const int64_t n_out = int64_t(p.n_lines) * B;
-  const int feature0 = group * Cfg::kFeatures + h * 64;
-  T* tile = reinterpret_cast<T*>(&sh.stages[0]) + h * Cfg::kTokens * Cfg::kOutPitch;
-  if (feature0 < n_out) {
-    const T* bias = static_cast<const T*>(p.bias);
-    Tensor coord = thr_mma.partition_C(make_identity_tensor(Shape<_64, Int<Cfg::kTokens>>{}));
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc); ++i) {
-      const int f = get<0>(coord(i)), t = get<1>(coord(i));
-      float v = acc(i);
-      if (bias != nullptr) v += float(bias[feature0 + f]);
-      tile[t * Cfg::kOutPitch + f] = T(v);
-    }
-  }
-  cutlass::arch::NamedBarrier::sync(128, 2 + h);
-  if (feature0 < n_out) {
-    T* out = static_cast<T*>(p.out);
-    constexpr int kChunksPerRow = 64 / 8;
-    CUTE_UNROLL
-    for (int i = 0; i < Cfg::kTokens * kChunksPerRow / 128; ++i) {
-      const int q = i * 128 + tid, t = q / kChunksPerRow, c = q % kChunksPerRow;
-      if (token0 + t < p.m) {
-        *reinterpret_cast<uint4*>(out + (int64_t(token0) + t) * n_out + feature0 + c * 8) =
-            *reinterpret_cast<const uint4*>(tile + t * Cfg::kOutPitch + c * 8);
+    // Epilogue of consumer h: features feature0 .. + 63 (none past the last line).
+    const int feature0 = group * Cfg::kFeatures + h * 64;
+    if (h < lines * (B == 64 ? 1 : 2)) {
+      if (tid == 0) tma_store_wait_read();  // the previous tile's store has left out_tile
+      cutlass::arch::NamedBarrier::sync(128, 1 + h);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc); ++i) {
+        const int f = get<0>(coord(i)), t = get<1>(coord(i));
+        float v = acc(i);
+        if (bias != nullptr) v += float(bias[feature0 + f]);
+        out_tile(t, f) = T(v);
       }
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read next by the TMA store
+      cutlass::arch::NamedBarrier::sync(128, 1 + h);
+      if (tid == 0) tma_store_2d(&p.out_map, sh.out[h], feature0, token0);
     }
   }
+  if (tid == 0) tma_store_wait_read();  // shared memory must outlive the last store's reads
 #else
   __trap();  // never launched: the host picks this kernel only on sm_90 devices of a build with sm_90a
 #endif
@@ -296,6 +319,15 @@ inline cudaError_t encode_2d_map(CUtensorMap* map, CUtensorMapDataType dtype, co
   return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+inline int multiprocessors() {
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count <= 0) {
+    return 132;
+  }
+  return count;
+}
+
 // act (M, n_other * B), data [nnz, B, B] (nnz >= 1), out (M, n_lines * B).
 template <class Cfg>
 cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, int64_t nnz, const int32_t* offsets,
@@ -312,18 +344,22 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
   if (err != cudaSuccess) return err;
   err = encode_2d_map(&p.data_map, dtype, data, B, uint64_t(nnz) * B, Cfg::BK, 64);
   if (err != cudaSuccess) return err;
+  err = encode_2d_map(&p.out_map, dtype, out, uint64_t(n_lines) * B, uint64_t(m), 64, Cfg::kTokens);
+  if (err != cudaSuccess) return err;
+  const int64_t groups = (int64_t(n_lines) * B + Cfg::kFeatures - 1) / Cfg::kFeatures;
+  const int64_t tiles = groups * ((m + Cfg::kTokens - 1) / Cfg::kTokens);
+  if (tiles > INT_MAX) return cudaErrorInvalidValue;
   p.offsets = offsets;
   p.keys = keys;
   p.slots = slots;
   p.bias = bias;
-  p.out = out;
-  p.m = m;
   p.n_lines = n_lines;
+  p.n_groups = int(groups);
+  p.n_tiles = int(tiles);
   err = sm80::prepare<ws_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  const int64_t features = int64_t(n_lines) * B;
-  dim3 grid(unsigned((features + Cfg::kFeatures - 1) / Cfg::kFeatures), unsigned((m + Cfg::kTokens - 1) / Cfg::kTokens));
-  ws_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  const int ctas = int(std::min<int64_t>(tiles, multiprocessors()));
+  ws_kernel<Cfg><<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -13,13 +13,13 @@
     if (p.splits != 1 || p.nnz < 1) return cudaErrorInvalidValue;                                          \
     switch (p.block) {                                                                                     \
       case 64:                                                                                             \
-        return sm90ws::launch<sm90ws::Config<T, 64, false>>(p.x, p.m, p.n_block_cols, p.data, p.nnz,        \
-                                                            p.row_offsets, p.col_indices, nullptr,        \
-                                                            p.n_block_rows, p.bias, p.y, stream);         \
+        return sm90ws::launch<sm90ws::Config<T, 64, false>>(p.x, p.m, p.n_block_cols, p.data, p.nnz,            \
+                                                        p.row_offsets, p.col_indices, nullptr,            \
+                                                        p.n_block_rows, p.bias, p.y, stream);             \
       case 128:                                                                                            \
-        return sm90ws::launch<sm90ws::Config<T, 128, false>>(p.x, p.m, p.n_block_cols, p.data, p.nnz,       \
-                                                             p.row_offsets, p.col_indices, nullptr,       \
-                                                             p.n_block_rows, p.bias, p.y, stream);        \
+        return sm90ws::launch<sm90ws::Config<T, 128, false>>(p.x, p.m, p.n_block_cols, p.data, p.nnz,           \
+                                                         p.row_offsets, p.col_indices, nullptr,           \
+                                                         p.n_block_rows, p.bias, p.y, stream);            \
       default: return cudaErrorInvalidValue;                                                               \
     }                                                                                                      \
   }                                                                                                        \
@@ -33,13 +33,13 @@
     if (p.nnz < 1) return cudaErrorInvalidValue;                                                           \
     switch (p.block) {                                                                                     \
       case 64:                                                                                             \
-        return sm90ws::launch<sm90ws::Config<T, 64, true>>(p.dy, p.m, p.n_block_rows, p.data, p.nnz,        \
-                                                           p.col_offsets_t, p.row_indices_t, p.perm_t,    \
-                                                           p.n_block_cols, nullptr, p.dx, stream);        \
+        return sm90ws::launch<sm90ws::Config<T, 64, true>>(p.dy, p.m, p.n_block_rows, p.data, p.nnz,            \
+                                                       p.col_offsets_t, p.row_indices_t, p.perm_t,        \
+                                                       p.n_block_cols, nullptr, p.dx, stream);            \
       case 128:                                                                                            \
-        return sm90ws::launch<sm90ws::Config<T, 128, true>>(p.dy, p.m, p.n_block_rows, p.data, p.nnz,       \
-                                                            p.col_offsets_t, p.row_indices_t, p.perm_t,   \
-                                                            p.n_block_cols, nullptr, p.dx, stream);       \
+        return sm90ws::launch<sm90ws::Config<T, 128, true>>(p.dy, p.m, p.n_block_rows, p.data, p.nnz,           \
+                                                        p.col_offsets_t, p.row_indices_t, p.perm_t,       \
+                                                        p.n_block_cols, nullptr, p.dx, stream);           \
       default: return cudaErrorInvalidValue;                                                               \
     }                                                                                                      \
   }                                                                                                        \
