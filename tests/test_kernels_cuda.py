@@ -138,7 +138,9 @@ def test_sm80_path_on_every_gpu(case):
 HOPPER_GRID = [c for c in GRID if c.block in (64, 128)]
 HOPPER_GRID += [Case(m, 1024, 768, d, b, t) for m in (255, 256, 257, 513) for d in (0.05, 0.3) for b in (64, 128)
                 for t in DTYPES]
-HOPPER_GRID += [Case(300, 4096, 3072 + 64, 0.5, 64, torch.bfloat16)]  # an odd number of block rows of 64
+# Lines (block rows / columns) of 64 come two per tile: odd counts leave one line in the last tile.
+HOPPER_GRID += [Case(300, 4096, 3072 + 64, 0.5, 64, torch.bfloat16), Case(513, 320, 448, 0.5, 64, torch.bfloat16),
+                Case(700, 448, 320, 1.0, 64, torch.float16)]
 # sdd: few chunks -> the reduction over M split across CTAs (uneven last split), and rows of 1..8+ blocks.
 HOPPER_GRID += [Case(m, 768, 1024, d, b, torch.float16) for m in (4097, 20000) for d in (0.05, 0.2) for b in (64, 128)]
 

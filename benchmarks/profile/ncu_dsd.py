@@ -1,0 +1,36 @@
+"""Run the products once each for Nsight Compute (ncu): dense F.linear, and dsd / dds / sdd on a random pattern.
+
+    ncu --clock-control none -k regex:'ws_kernel|sdd_kernel|nvjet|gemm' python benchmarks/profile/ncu_dsd.py
+"""
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from pytorch_block_sparse_ng import BlockSparseMatrix, _extension
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shape", default="8192x4096x4096")
+    parser.add_argument("--block", type=int, default=64)
+    parser.add_argument("--densities", default="0.5,1.0")
+    args = parser.parse_args()
+    m, k, n = (int(v) for v in args.shape.split("x"))
+    ops = _extension.get()
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    F.linear(x, w)
+    for density in (float(d) for d in args.densities.split(",")):
+        mat = BlockSparseMatrix.randn((n, k), density=density, block_shape=(args.block, args.block),
+                                      dtype=torch.bfloat16, device="cuda")
+        data, index = mat.data.detach(), mat.indices()
+        ops.dsd(x, data, None, *index)
+        ops.dds(dy, data, *index)
+        ops.sdd(dy, x, *index, (args.block, args.block))
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
