@@ -27,16 +27,17 @@ template <> struct GmmaAtom<cute::bfloat16_t> {
   using type = cute::SM90_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::MN>;
 };
 
-template <class T_, int Block_>
+template <class T_, int Block_, int BK_ = 64>
 struct Config {
   using T = T_;
   static constexpr int Block = Block_;
   static_assert(Block == 64 || Block == 128, "blocks of 64 or 128");
-  static constexpr int BK = 64;                            // tokens per stage
+  static constexpr int BK = BK_;                           // tokens per stage
   static constexpr int kChunk = Block == 64 ? 8 : 2;       // blocks per CTA
   static constexpr int kATiles = Block == 64 ? 1 : 2;      // dy^T tiles (64 features each) per stage
   static constexpr int kBTiles = Block == 64 ? 2 : 1;      // x tiles (256 columns each) per stage
-  static constexpr int kStages = Block == 64 ? 3 : 4;
+  static constexpr int kStageBytes = (kATiles * 64 + kBTiles * 256) * BK * int(sizeof(T));
+  static constexpr int kStages = 216 * 1024 / kStageBytes < 8 ? 216 * 1024 / kStageBytes : 8;
   static constexpr int kThreads = 384;
   using SmemLayoutA = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<T>{},
                                                    cute::make_shape(cute::Int<64>{}, cute::Int<BK>{})));
@@ -45,7 +46,7 @@ struct Config {
                                                    cute::make_shape(cute::Int<256>{}, cute::Int<BK>{}),
                                                    cute::Step<cute::_2, cute::_1>{}));
   using TiledMma = decltype(cute::make_tiled_mma(typename GmmaAtom<T>::type{}));
-  static constexpr int kBoxBytes = 64 * BK * int(sizeof(T));  // 8 KB
+  static constexpr int kBoxBytes = 64 * BK * int(sizeof(T));
 
   struct alignas(1024) Stage {
     T a[kATiles][64 * BK];
@@ -219,6 +220,12 @@ cudaError_t launch(const void* dy, const void* x, int64_t m, int n_block_rows, i
   dim3 grid(unsigned(n_block_rows), unsigned((n_block_cols + Cfg::kChunk - 1) / Cfg::kChunk), unsigned(splits));
   sdd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <class Cfg>
+cudaError_t launch_config(const SddParams& p, cudaStream_t stream) {
+  return launch<Cfg>(p.dy, p.x, p.m, p.n_block_rows, p.n_block_cols, p.row_offsets, p.col_indices, p.out,
+                     p.out_f32, p.splits, stream);
 }
 
 }  // namespace sm90sdd

@@ -51,15 +51,10 @@
   cudaError_t launch_sdd_sm90<DTYPE>(const SddParams& p, cudaStream_t stream) {                            \
     using T = sm80::ElementFor<DTYPE>::type;                                                                \
     if (p.m < 1) return cudaErrorInvalidValue;                                                             \
+    /* 64 tokens per stage: 32 (twice the stages) measured 10 % slower for blocks of 64 on an H100 */      \
     switch (p.block) {                                                                                     \
-      case 64:                                                                                             \
-        return sm90sdd::launch<sm90sdd::Config<T, 64>>(p.dy, p.x, p.m, p.n_block_rows, p.n_block_cols,      \
-                                                       p.row_offsets, p.col_indices, p.out, p.out_f32,    \
-                                                       p.splits, stream);                                 \
-      case 128:                                                                                            \
-        return sm90sdd::launch<sm90sdd::Config<T, 128>>(p.dy, p.x, p.m, p.n_block_rows, p.n_block_cols,     \
-                                                        p.row_offsets, p.col_indices, p.out, p.out_f32,   \
-                                                        p.splits, stream);                                \
+      case 64: return sm90sdd::launch_config<sm90sdd::Config<T, 64>>(p, stream);                          \
+      case 128: return sm90sdd::launch_config<sm90sdd::Config<T, 128>>(p, stream);                        \
       default: return cudaErrorInvalidValue;                                                               \
     }                                                                                                      \
   }                                                                                                        \

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Build the extension, run the GPU tests and the benchmarks on a CUDA machine; results go to $1 (default
+# benchmarks/results/run). Used through the device tool: build in place, no registry needed (torch, pybind11,
+# ninja present; CUTLASS headers from a carried nvidia-cutlass wheel on PYTHONPATH).
+#   bash benchmarks/run_on_gpu.sh OUT_DIR [--memcheck] [--no-tests] [--no-bench]
+set -u
+out=${1:-benchmarks/results/run}
+shift || true
+mkdir -p "$out"
+MAX_JOBS=${MAX_JOBS:-16} python3 -m pip install --no-build-isolation --no-deps -e . > "$out/build.log" 2>&1 \
+  || { tail -40 "$out/build.log"; exit 1; }
+nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > "$out/gpu.txt"
+case " $* " in
+  *" --no-bench "*) ;;
+  *) python3 benchmarks/bench_ops.py --blocks 64,128 --densities 0.1,0.25,0.5,1.0 > "$out/bench_ops.txt" 2>&1
+     python3 benchmarks/bench_linear.py --out "$out" > "$out/bench_linear.log" 2>&1 ;;
+esac
+for arg in "$@"; do
+  case $arg in
+    --memcheck)
+      compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -x tests/test_kernels_cuda.py \
+        -k "hopper_path_at_every_m and (m257 or m7-)" > "$out/memcheck.log" 2>&1
+      echo "memcheck exit $?" >> "$out/memcheck.log" ;;
+  esac
+done
+case " $* " in
+  *" --no-tests "*) ;;
+  *) python3 -m pytest -q tests -m cuda > "$out/tests.log" 2>&1; echo "tests exit $?" >> "$out/tests.log" ;;
+esac
+for f in "$out/tests.log" "$out/memcheck.log"; do [ -f "$f" ] && { echo "== $f"; tail -4 "$f"; }; done
+[ -f "$out/bench_ops.txt" ] && grep -E "^block|^dense" "$out/bench_ops.txt"
+exit 0
