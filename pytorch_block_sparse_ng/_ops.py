@@ -42,7 +42,7 @@ except ImportError as error:
                       f"torch {torch.__version__} (CUDA {torch.version.cuda})") from error
 
 __all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "describe_build", "set_hopper_kernels",
-           "set_hopper_min_rows"]
+           "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
 # default) unless this is "0".
@@ -58,6 +58,12 @@ def set_hopper_kernels(enabled: bool) -> bool:
 def set_hopper_min_rows(rows: int) -> int:
     """The fewest rows M for which dsd / dds take the Hopper kernels (default 256); returns the previous value."""
     return int(_C.set_hopper_min_rows(int(rows)))
+
+
+def set_hopper_sdd_min_blocks_per_row(blocks: int) -> int:
+    """The Hopper sdd with blocks of 64 runs when nnz >= blocks x block rows (default 3: sparser rows leave its
+    8-block tiles mostly empty and the SM80 sdd is faster); returns the previous value."""
+    return int(_C.set_hopper_sdd_min_blocks_per_row(int(blocks)))
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 _BLOCK_SIZES = tuple(_C.supported_block_sizes())

@@ -158,10 +158,12 @@ def test_hopper_path_at_every_m(case):
         pytest.skip("this build has no sm_90a kernels")
     tensors = _dsd_dds_case(case, 2)
     previous = _ops.set_hopper_min_rows(1)
+    previous_sdd = _ops.set_hopper_sdd_min_blocks_per_row(0)  # sparse rows too (partial chunks)
     try:
         _check_products("Hopper path", case, *tensors)
     finally:
         _ops.set_hopper_min_rows(previous)
+        _ops.set_hopper_sdd_min_blocks_per_row(previous_sdd)
 
 
 @pytest.mark.cuda
@@ -372,3 +374,17 @@ def test_build_record_is_quoted():
     text = _ops.describe_build()
     assert "archs" in text and "torch" in text, text
     assert _C.BUILD_ARCHS != "unknown"
+
+
+@requires_extension
+def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
+    from pytorch_block_sparse_ng import _ops
+
+    previous = _ops.set_hopper_min_rows(512)
+    assert _ops.set_hopper_min_rows(previous) == 512
+    previous = _ops.set_hopper_sdd_min_blocks_per_row(5)
+    assert _ops.set_hopper_sdd_min_blocks_per_row(previous) == 5
+    with pytest.raises(ValueError, match="rows=0 must be >= 1"):
+        _ops.set_hopper_min_rows(0)
+    with pytest.raises(ValueError, match="blocks=-1 must be >= 0"):
+        _ops.set_hopper_sdd_min_blocks_per_row(-1)
