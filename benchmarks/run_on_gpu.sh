@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Build the extension, run the GPU tests and the benchmarks on a CUDA machine; results go to $1 (default
-# benchmarks/results/run). Used through the device tool: build in place, no registry needed (torch, pybind11,
-# ninja present; CUTLASS headers from a carried nvidia-cutlass wheel on PYTHONPATH).
+# /tmp/pbsng_gpu_run; copy what is worth keeping into benchmarks/results/). Made for one device-tool call:
+# builds in place with no registry (torch, pybind11, ninja present; CUTLASS headers from a carried
+# nvidia-cutlass wheel on PYTHONPATH, see ../shared/DEVICE.md).
 #   bash benchmarks/run_on_gpu.sh OUT_DIR [--memcheck] [--no-tests] [--no-bench]
 set -u
-out=${1:-benchmarks/results/run}
+out=${1:-/tmp/pbsng_gpu_run}
 shift || true
 mkdir -p "$out"
 MAX_JOBS=${MAX_JOBS:-16} python3 -m pip install --no-build-isolation --no-deps -e . > "$out/build.log" 2>&1 \
