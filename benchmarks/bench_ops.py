@@ -81,21 +81,16 @@ def main():
                                           device="cuda")
             data, index = mat.data.detach(), mat.indices()
             kept = flop * mat.nnz_blocks / max(1, mat.grid[0] * mat.grid[1])
-            times = {"dsd": time_ms(lambda: ops.dsd(x, data, None, *index))}
-            if _C.uses_hopper_kernels(torch.cuda.current_device(), block):
-                previous = _ops.set_hopper_kernels(False)
-                times["dsd(sm80)"] = time_ms(lambda: ops.dsd(x, data, None, *index))
-                _ops.set_hopper_kernels(previous)
-            times["dds"] = time_ms(lambda: ops.dds(dy, data, *index))
-            if _C.uses_hopper_kernels(torch.cuda.current_device(), block):
-                previous = _ops.set_hopper_kernels(False)
-                times["dds(sm80)"] = time_ms(lambda: ops.dds(dy, data, *index))
-                _ops.set_hopper_kernels(previous)
-            times["sdd"] = time_ms(lambda: ops.sdd(dy, x, *index, (block, block)))
-            if _C.uses_hopper_kernels(torch.cuda.current_device(), block):
-                previous = _ops.set_hopper_kernels(False)
-                times["sdd(sm80)"] = time_ms(lambda: ops.sdd(dy, x, *index, (block, block)))
-                _ops.set_hopper_kernels(previous)
+            products = {"dsd": lambda: ops.dsd(x, data, None, *index), "dds": lambda: ops.dds(dy, data, *index),
+                        "sdd": lambda: ops.sdd(dy, x, *index, (block, block))}
+            hopper = _C.uses_hopper_kernels(torch.cuda.current_device(), block)
+            times = {}
+            for op, run in products.items():
+                times[op] = time_ms(run)
+                if hopper:  # the SM80 kernel of the same product, for comparison
+                    previous = _ops.set_hopper_kernels(False)
+                    times[f"{op}(sm80)"] = time_ms(run)
+                    _ops.set_hopper_kernels(previous)
             print(f"block {block:3d} density {density:4.2f}: " + "  ".join(
                 f"{op} {t:7.4f} ms {kept / t / 1e9:6.1f} TF/s" for op, t in times.items()), flush=True)
 

@@ -123,8 +123,6 @@ bool hopper_device(int device, int block) {
 #endif
 }
 
-bool use_hopper_kernels(int device, int block) { return hopper_device(device, block); }
-
 bool use_hopper_for(int device, int block, int64_t m, int64_t nnz) {
   return nnz > 0 && m >= g_hopper_min_rows && hopper_device(device, block);
 }
@@ -141,18 +139,20 @@ bool set_hopper_kernels(bool enabled) {
 // Blocks of 128 (chunks of 2) took the Hopper sdd even at 0.8 per row (0.076 vs 0.096 ms).
 int64_t g_hopper_sdd_min_blocks_per_row = 3;
 
-int64_t set_hopper_sdd_min_blocks_per_row(int64_t blocks) {
-  PBSNG_CHECK_VALUE(blocks >= 0, "set_hopper_sdd_min_blocks_per_row: blocks=", blocks, " must be >= 0");
-  const int64_t previous = g_hopper_sdd_min_blocks_per_row;
-  g_hopper_sdd_min_blocks_per_row = blocks;
+// Sets a tuning knob to `value` (>= `least`, else a ValueError naming `fn` and `name`); returns its old value.
+int64_t exchange_knob(int64_t& knob, int64_t value, int64_t least, const char* fn, const char* name) {
+  PBSNG_CHECK_VALUE(value >= least, fn, ": ", name, "=", value, " must be >= ", least);
+  const int64_t previous = knob;
+  knob = value;
   return previous;
 }
 
+int64_t set_hopper_sdd_min_blocks_per_row(int64_t blocks) {
+  return exchange_knob(g_hopper_sdd_min_blocks_per_row, blocks, 0, "set_hopper_sdd_min_blocks_per_row", "blocks");
+}
+
 int64_t set_hopper_min_rows(int64_t rows) {
-  PBSNG_CHECK_VALUE(rows >= 1, "set_hopper_min_rows: rows=", rows, " must be >= 1");
-  const int64_t previous = g_hopper_min_rows;
-  g_hopper_min_rows = rows;
-  return previous;
+  return exchange_knob(g_hopper_min_rows, rows, 1, "set_hopper_min_rows", "rows");
 }
 
 at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<at::Tensor>& bias,
@@ -201,7 +201,7 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   DsdParams p{x.data_ptr(), data.data_ptr(), b ? b->data_ptr() : nullptr, splits > 1 ? nullptr : y.data_ptr(),
               splits > 1 ? y_f32.data_ptr<float>() : nullptr, row_offsets.data_ptr<int32_t>(),
               col_indices.data_ptr<int32_t>(), m, pat.nnz, int(pat.n_block_rows), int(pat.n_block_cols), block,
-              int(splits)};
+              int(splits), int(sms)};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
   if (splits == 1 && use_hopper_for(x.device().index(), block, m, pat.nnz)) {
     check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_sm90<DType::kFloat16>(p, stream)
@@ -233,7 +233,7 @@ at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& r
   at::Tensor dx = at::empty({dy.size(0), k}, dy.options());
   DdsParams p{dy.data_ptr(), data.data_ptr(), dx.data_ptr(), col_offsets_t.data_ptr<int32_t>(),
               row_indices_t.data_ptr<int32_t>(), perm_t.data_ptr<int32_t>(), dy.size(0), pat.nnz,
-              int(pat.n_block_rows), int(pat.n_block_cols), block};
+              int(pat.n_block_rows), int(pat.n_block_cols), block, multiprocessor_count(dy.device().index())};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
   if (use_hopper_for(dy.device().index(), block, dy.size(0), pat.nnz)) {
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)
@@ -340,7 +340,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_hopper_kernels", &pbsng::set_hopper_kernels,
         "use (True, default) or not the sm_90a wgmma kernels on Hopper GPUs; returns the previous setting",
         pybind11::arg("enabled"));
-  m.def("uses_hopper_kernels", &pbsng::use_hopper_kernels,
+  m.def("uses_hopper_kernels", &pbsng::hopper_device,
         "whether dsd / dds on this device and block size use the Hopper kernels (for M >= the minimum rows)",
         pybind11::arg("device"), pybind11::arg("block"));
   m.def("set_hopper_sdd_min_blocks_per_row", &pbsng::set_hopper_sdd_min_blocks_per_row,

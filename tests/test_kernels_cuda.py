@@ -61,40 +61,8 @@ def make_weight(case, generator):
     return w.to("cuda")
 
 
-@pytest.mark.cuda
-@requires_kernels
-@pytest.mark.parametrize("case", GRID, ids=case_id)
-def test_products_match_reference(case):
-    generator = torch.Generator().manual_seed(zlib.crc32(case_id(case).encode()))
-    w = make_weight(case, generator)
-    index = w.indices()
-    x32 = torch.randn(case.m, case.in_features, generator=generator).cuda()
-    dy32 = torch.randn(case.m, case.out_features, generator=generator).cuda()
-    bias32 = torch.randn(case.out_features, generator=generator).cuda()
-    t = case.dtype
-    x, dy, bias, data = x32.to(t), dy32.to(t), bias32.to(t), w.data.detach().to(t)
-    assert OPS.supports(x, data)
-    # fp32 results from the *rounded* inputs, and PyTorch's own dense products in the same dtype.
-    xr, dyr, biasr, datar = x.float(), dy.float(), bias.float(), data.float()
-    dense = w.to_dense(datar).detach()
-    dense_t = dense.to(t)
-
-    y = OPS.dsd(x, data, bias, *index)
-    assert_like_torch("dsd", y, reference.dsd(xr, datar, biasr, *index), F.linear(x, dense_t, bias))
-    y_nobias = OPS.dsd(x, data, None, *index)
-    assert_like_torch("dsd (no bias)", y_nobias, reference.dsd(xr, datar, None, *index), F.linear(x, dense_t))
-
-    dx = OPS.dds(dy, data, *index)
-    assert_like_torch("dds", dx, reference.dds(dyr, datar, *index), dy @ dense_t)
-
-    dw = OPS.sdd(dy, x, *index, (case.block, case.block))
-    dense_dw = (dy.t() @ x)  # PyTorch's same-dtype weight gradient, then the kept blocks
-    torch_dw = dense_dw.reshape(w.grid[0], case.block, w.grid[1], case.block).transpose(1, 2)[
-        w.row_indices.long(), w.col_indices.long()]
-    assert_like_torch("sdd", dw, reference.sdd(dyr, xr, *index, (case.block, case.block)), torch_dw)
-
-
-def _dsd_dds_case(case, seed_offset):
+def _product_case(case, seed_offset):
+    """The weight, its index, x, dy, bias and the blocks of a case, in the case's dtype."""
     generator = torch.Generator().manual_seed(zlib.crc32(case_id(case).encode()) + seed_offset)
     w = make_weight(case, generator)
     index = w.indices()
@@ -106,10 +74,15 @@ def _dsd_dds_case(case, seed_offset):
 
 
 def _check_products(label, case, w, index, x, dy, bias, data):
+    """dsd (with and without bias), dds and sdd against fp32 results from the rounded inputs, with PyTorch's
+    own dense products in the same dtype as the error yardstick."""
     dense_t = w.to_dense(data.float()).detach().to(case.dtype)
     y = OPS.dsd(x, data, bias, *index)
     assert_like_torch(f"dsd ({label})", y, reference.dsd(x.float(), data.float(), bias.float(), *index),
                       F.linear(x, dense_t, bias))
+    y_nobias = OPS.dsd(x, data, None, *index)
+    assert_like_torch(f"dsd, no bias ({label})", y_nobias, reference.dsd(x.float(), data.float(), None, *index),
+                      F.linear(x, dense_t))
     dx = OPS.dds(dy, data, *index)
     assert_like_torch(f"dds ({label})", dx, reference.dds(dy.float(), data.float(), *index), dy @ dense_t)
     block = (case.block, case.block)
@@ -121,13 +94,23 @@ def _check_products(label, case, w, index, x, dy, bias, data):
 
 @pytest.mark.cuda
 @requires_kernels
+@pytest.mark.parametrize("case", GRID, ids=case_id)
+def test_products_match_reference(case):
+    tensors = _product_case(case, 0)
+    _, _, x, _, _, data = tensors
+    assert OPS.supports(x, data)
+    _check_products("default path", case, *tensors)
+
+
+@pytest.mark.cuda
+@requires_kernels
 @pytest.mark.parametrize("case", [c for c in GRID if c.block in (64, 128) and c.m in (7, 1000) and c.density > 0],
                          ids=case_id)
 def test_sm80_path_on_every_gpu(case):
     """With the Hopper kernels switched off, dsd / dds / sdd take the SM80 path on Hopper too: keep it tested there."""
     from pytorch_block_sparse_ng import _ops
 
-    tensors = _dsd_dds_case(case, 1)
+    tensors = _product_case(case, 1)
     previous = _ops.set_hopper_kernels(False)
     try:
         _check_products("SM80 path", case, *tensors)
@@ -156,7 +139,7 @@ def test_hopper_path_at_every_m(case):
 
     if not _C.uses_hopper_kernels(torch.cuda.current_device(), case.block):
         pytest.skip("this build has no sm_90a kernels")
-    tensors = _dsd_dds_case(case, 2)
+    tensors = _product_case(case, 2)
     previous = _ops.set_hopper_min_rows(1)
     previous_sdd = _ops.set_hopper_sdd_min_blocks_per_row(0)  # sparse rows too (partial chunks)
     try:

@@ -80,8 +80,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_cons
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int S = Cfg::kStages, B = Cfg::Block, BK = Cfg::BK;
   extern __shared__ char smem_raw[];
-  auto& sh = *reinterpret_cast<typename Cfg::SharedStorage*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  auto& sh = sm90ws::aligned_shared_storage<typename Cfg::SharedStorage>(smem_raw);
 
   const int row = blockIdx.x;
   const int row_end = __ldg(p.row_offsets + row + 1);
@@ -98,13 +97,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_cons
   const int active_consumers = B == 64 ? (count > 4 ? 2 : 1) : 2;
 
   const int warpgroup = threadIdx.x / 128;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) {
-      Barrier::init(&sh.full[s], 1);
-      Barrier::init(&sh.empty[s], 128 * active_consumers);
-    }
-    cutlass::arch::fence_barrier_init();
-  }
+  sm90ws::init_pipeline<S>(sh.full, sh.empty, 128 * active_consumers);
   __syncthreads();
 
   if (warpgroup == 0) {

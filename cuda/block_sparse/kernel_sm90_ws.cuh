@@ -132,11 +132,31 @@ __device__ __forceinline__ void tma_store_wait_read() {
 #endif
 }
 
-// The lines of feature group g: [first, last) entries and the line count (the last group may have one line).
-template <int B>
+// The dynamic shared memory as `Storage`, aligned to 1024 bytes (128-byte swizzled TMA tiles need it; the
+// launch asks for 1024 bytes of slack).
+template <class Storage>
+__device__ __forceinline__ Storage& aligned_shared_storage(char* smem_raw) {
+  return *reinterpret_cast<Storage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+}
+
+// Thread 0 initialises a pipeline's barriers: `full` completes on one producer arrival plus the TMA bytes,
+// `empty` on `consumer_threads` arrivals. The caller synchronises the CTA afterwards.
+template <int Stages>
+__device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, int consumer_threads) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Stages; ++s) {
+      cutlass::arch::ClusterBarrier::init(&full[s], 1);
+      cutlass::arch::ClusterBarrier::init(&empty[s], consumer_threads);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+}
+
+// The lines of feature group g: the first and their count (the last group may have fewer).
+template <class Cfg>
 __device__ __forceinline__ void group_lines(const KernelParams& p, int group, int& first, int& count) {
-  first = group * (B == 64 ? 2 : 1);
-  count = min(B == 64 ? 2 : 1, p.n_lines - first);
+  first = group * Cfg::kLinesPerTile;
+  count = min(Cfg::kLinesPerTile, p.n_lines - first);
 }
 
 template <class Cfg>
@@ -157,7 +177,7 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
   for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
     const int group = tile % p.n_groups, token0 = tile / p.n_groups * Cfg::kTokens;
     int line0, lines;
-    group_lines<B>(p, group, line0, lines);
+    group_lines<Cfg>(p, group, line0, lines);
     if constexpr (B == 64) {
       int e0 = __ldg(p.offsets + line0), end0 = __ldg(p.offsets + line0 + 1);
       int e1 = 0, end1 = 0;
@@ -206,17 +226,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int S = Cfg::kStages, B = Cfg::Block;
   extern __shared__ char smem_raw[];
-  auto& sh = *reinterpret_cast<typename Cfg::SharedStorage*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  auto& sh = aligned_shared_storage<typename Cfg::SharedStorage>(smem_raw);
   const int warpgroup = threadIdx.x / 128;
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) {
-      Barrier::init(&sh.full[s], 1);
-      Barrier::init(&sh.empty[s], 256);
-    }
-    cutlass::arch::fence_barrier_init();
-  }
+  init_pipeline<S>(sh.full, sh.empty, 256);
   __syncthreads();
 
   if (warpgroup == 0) {
@@ -238,7 +250,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
   for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
     const int group = tile % p.n_groups, token0 = tile / p.n_groups * Cfg::kTokens;
     int line0, lines;
-    group_lines<B>(p, group, line0, lines);
+    group_lines<Cfg>(p, group, line0, lines);
     clear(acc);
     if (__ldg(p.offsets + line0 + lines) > __ldg(p.offsets + line0)) {  // else the producer made no stage
       int pending = -1;  // stage whose wgmma may still be reading shared memory
@@ -319,19 +331,10 @@ inline cudaError_t encode_2d_map(CUtensorMap* map, CUtensorMapDataType dtype, co
   return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-inline int multiprocessors() {
-  int device = 0, count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count <= 0) {
-    return 132;
-  }
-  return count;
-}
-
-// act (M, n_other * B), data [nnz, B, B] (nnz >= 1), out (M, n_lines * B).
+// act (M, n_other * B), data [nnz, B, B] (nnz >= 1), out (M, n_lines * B); one CTA per SM (`sms`).
 template <class Cfg>
 cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, int64_t nnz, const int32_t* offsets,
-                   const int32_t* keys, const int32_t* slots, int n_lines, const void* bias, void* out,
+                   const int32_t* keys, const int32_t* slots, int n_lines, const void* bias, void* out, int sms,
                    cudaStream_t stream) {
   if (m == 0 || n_lines == 0) return cudaSuccess;
   constexpr int B = Cfg::Block;
@@ -346,7 +349,7 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
   if (err != cudaSuccess) return err;
   err = encode_2d_map(&p.out_map, dtype, out, uint64_t(n_lines) * B, uint64_t(m), 64, Cfg::kTokens);
   if (err != cudaSuccess) return err;
-  const int64_t groups = (int64_t(n_lines) * B + Cfg::kFeatures - 1) / Cfg::kFeatures;
+  const int64_t groups = (int64_t(n_lines) + Cfg::kLinesPerTile - 1) / Cfg::kLinesPerTile;
   const int64_t tiles = groups * ((m + Cfg::kTokens - 1) / Cfg::kTokens);
   if (tiles > INT_MAX) return cudaErrorInvalidValue;
   p.offsets = offsets;
@@ -358,9 +361,25 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
   p.n_tiles = int(tiles);
   err = sm80::prepare<ws_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  const int ctas = int(std::min<int64_t>(tiles, multiprocessors()));
+  const int ctas = int(std::min<int64_t>(tiles, sms));
   ws_kernel<Cfg><<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+// The launch for blocks of 64 or 128 (others: cudaErrorInvalidValue).
+template <class T, bool TransposeW>
+cudaError_t launch_for_block(int block, const void* act, int64_t m, int n_other, const void* data, int64_t nnz,
+                             const int32_t* offsets, const int32_t* keys, const int32_t* slots, int n_lines,
+                             const void* bias, void* out, int sms, cudaStream_t stream) {
+  switch (block) {
+    case 64:
+      return launch<Config<T, 64, TransposeW>>(act, m, n_other, data, nnz, offsets, keys, slots, n_lines, bias,
+                                               out, sms, stream);
+    case 128:
+      return launch<Config<T, 128, TransposeW>>(act, m, n_other, data, nnz, offsets, keys, slots, n_lines, bias,
+                                                out, sms, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace sm90ws

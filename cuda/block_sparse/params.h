@@ -29,6 +29,7 @@ struct DsdParams {
   int n_block_cols;         // C = K / B
   int block;                // B
   int splits;               // CTAs sharing one block row's blocks
+  int sms;                  // multiprocessors of the device (the Hopper kernels' persistent grid)
 };
 
 // dx (M, K) = dy (M, N) W, through the column-major index. One CTA per (block column, tile of M rows).
@@ -44,6 +45,7 @@ struct DdsParams {
   int n_block_rows;
   int n_block_cols;
   int block;
+  int sms;                  // multiprocessors of the device (the Hopper kernels' persistent grid)
 };
 
 // dW_b [nnz, B, B] = dy^T x on the kept blocks, reduced over M. One CTA per (kept block, split of M).

@@ -9,19 +9,10 @@
   namespace pbsng {                                                                                        \
   template <>                                                                                              \
   cudaError_t launch_dsd_sm90<DTYPE>(const DsdParams& p, cudaStream_t stream) {                            \
-    using T = sm80::ElementFor<DTYPE>::type;                                                                \
     if (p.splits != 1 || p.nnz < 1) return cudaErrorInvalidValue;                                          \
-    switch (p.block) {                                                                                     \
-      case 64:                                                                                             \
-        return sm90ws::launch<sm90ws::Config<T, 64, false>>(p.x, p.m, p.n_block_cols, p.data, p.nnz,            \
-                                                        p.row_offsets, p.col_indices, nullptr,            \
-                                                        p.n_block_rows, p.bias, p.y, stream);             \
-      case 128:                                                                                            \
-        return sm90ws::launch<sm90ws::Config<T, 128, false>>(p.x, p.m, p.n_block_cols, p.data, p.nnz,           \
-                                                         p.row_offsets, p.col_indices, nullptr,           \
-                                                         p.n_block_rows, p.bias, p.y, stream);            \
-      default: return cudaErrorInvalidValue;                                                               \
-    }                                                                                                      \
+    return sm90ws::launch_for_block<sm80::ElementFor<DTYPE>::type, false>(                                 \
+        p.block, p.x, p.m, p.n_block_cols, p.data, p.nnz, p.row_offsets, p.col_indices, nullptr,           \
+        p.n_block_rows, p.bias, p.y, p.sms, stream);                                                       \
   }                                                                                                        \
   }
 
@@ -29,19 +20,10 @@
   namespace pbsng {                                                                                        \
   template <>                                                                                              \
   cudaError_t launch_dds_sm90<DTYPE>(const DdsParams& p, cudaStream_t stream) {                            \
-    using T = sm80::ElementFor<DTYPE>::type;                                                                \
     if (p.nnz < 1) return cudaErrorInvalidValue;                                                           \
-    switch (p.block) {                                                                                     \
-      case 64:                                                                                             \
-        return sm90ws::launch<sm90ws::Config<T, 64, true>>(p.dy, p.m, p.n_block_rows, p.data, p.nnz,            \
-                                                       p.col_offsets_t, p.row_indices_t, p.perm_t,        \
-                                                       p.n_block_cols, nullptr, p.dx, stream);            \
-      case 128:                                                                                            \
-        return sm90ws::launch<sm90ws::Config<T, 128, true>>(p.dy, p.m, p.n_block_rows, p.data, p.nnz,           \
-                                                        p.col_offsets_t, p.row_indices_t, p.perm_t,       \
-                                                        p.n_block_cols, nullptr, p.dx, stream);           \
-      default: return cudaErrorInvalidValue;                                                               \
-    }                                                                                                      \
+    return sm90ws::launch_for_block<sm80::ElementFor<DTYPE>::type, true>(                                  \
+        p.block, p.dy, p.m, p.n_block_rows, p.data, p.nnz, p.col_offsets_t, p.row_indices_t, p.perm_t,    \
+        p.n_block_cols, nullptr, p.dx, p.sms, stream);                                                     \
   }                                                                                                        \
   }
 
