@@ -15,6 +15,7 @@ def main():
     parser.add_argument("--shape", default="8192x4096x4096")
     parser.add_argument("--block", type=int, default=64)
     parser.add_argument("--densities", default="0.5,1.0")
+    parser.add_argument("--products", default="dsd,dds,sdd", help="comma-separated subset of dsd,dds,sdd")
     args = parser.parse_args()
     m, k, n = (int(v) for v in args.shape.split("x"))
     ops = _extension.get()
@@ -26,9 +27,13 @@ def main():
         mat = BlockSparseMatrix.randn((n, k), density=density, block_shape=(args.block, args.block),
                                       dtype=torch.bfloat16, device="cuda")
         data, index = mat.data.detach(), mat.indices()
-        ops.dsd(x, data, None, *index)
-        ops.dds(dy, data, *index)
-        ops.sdd(dy, x, *index, (args.block, args.block))
+        products = args.products.split(",")
+        if "dsd" in products:
+            ops.dsd(x, data, None, *index)
+        if "dds" in products:
+            ops.dds(dy, data, *index)
+        if "sdd" in products:
+            ops.sdd(dy, x, *index, (args.block, args.block))
     torch.cuda.synchronize()
 
 

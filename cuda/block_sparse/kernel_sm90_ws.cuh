@@ -18,8 +18,8 @@
 //   block 128: both consumers share line g (features 0-63 and 64-127 of the block row), each block in two
 //              k-steps of 64.
 // dds reads W blocks transposed: the same TMA box lands in an MN-major layout (wgmma transposes 16-bit A).
-// Epilogue: the fp32 accumulators (+ bias), rounded, are written transposed into a 128-byte-swizzled tile of
-// their own (conflict-free 2-byte stores) and stored by TMA, which clips rows past M (TMA loads zero-fill them)
+// Epilogue: the fp32 accumulators (+ bias), rounded, are written transposed by stmatrix.trans into a
+// 128-byte-swizzled tile of their own and stored by TMA, which clips rows past M (TMA loads zero-fill them)
 // and runs while the consumers start the next tile.
 //
 // Measured and dropped: sharing activation tiles across 2 or 4 CTAs with cluster multicast (the union of more
@@ -67,10 +67,15 @@ struct Config {
       cute::make_shape(cute::Int<64>{}, cute::Int<BK>{})));
   using SmemLayoutB = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<T>{},
                                                    cute::make_shape(cute::Int<kTokens>{}, cute::Int<BK>{})));
-  // The output tile of one consumer, (tokens, 64 features) with 128-byte rows swizzled as TMA expects.
-  using SmemLayoutOut = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<T>{},
-                                                     cute::make_shape(cute::Int<kTokens>{}, cute::Int<64>{})));
+  // The output tile of one consumer seen as the accumulator, (64 features, tokens): in memory one 128-byte
+  // row of features per token, swizzled as TMA expects for a (tokens, 64 features) box.
+  using SmemLayoutOut = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<T>{},
+                                                     cute::make_shape(cute::Int<64>{}, cute::Int<kTokens>{})));
   using TiledMma = decltype(cute::make_tiled_mma(typename GmmaAtom<T, MajorA>::type{}));
+  // stmatrix.trans: each thread's token pairs land as 16-byte rows of 8 features (one instruction per
+  // 8 values instead of 2-byte stores).
+  using TiledStoreOut = decltype(cute::make_tiled_copy_C(cute::Copy_Atom<cute::SM90_U16x8_STSM_T, T>{},
+                                                         TiledMma{}));
 
   static constexpr int kActTileBytes = kTokens * BK * int(sizeof(T));  // 32 KB
   static constexpr int kWTileBytes = 64 * BK * int(sizeof(T));         // 8 KB per consumer
@@ -244,7 +249,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
   auto thr_mma = mma.get_thread_slice(tid);
   Tensor acc = partition_fragment_C(mma, Shape<_64, Int<Cfg::kTokens>>{});
   Tensor coord = thr_mma.partition_C(make_identity_tensor(Shape<_64, Int<Cfg::kTokens>>{}));
-  Tensor out_tile = make_tensor(make_smem_ptr(sh.out[h]), typename Cfg::SmemLayoutOut{});  // (token, feature)
+  Tensor out_values = make_tensor_like<T>(acc);
+  typename Cfg::TiledStoreOut store_out;
+  auto thr_store = store_out.get_thread_slice(tid);
+  Tensor out_dst = thr_store.partition_D(make_tensor(make_smem_ptr(sh.out[h]), typename Cfg::SmemLayoutOut{}));
+  Tensor out_src = thr_store.retile_S(out_values);
 
   int it = 0;
   for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
@@ -290,13 +299,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
     if (h < lines * (B == 64 ? 1 : 2)) {
       if (tid == 0) tma_store_wait_read();  // the previous tile's store has left out_tile
       cutlass::arch::NamedBarrier::sync(128, 1 + h);
+      // A thread's accumulators cover two features (rows r and r + 8 of its warp's 16).
+      const float bias_lo = bias != nullptr ? float(bias[feature0 + get<0>(coord(0))]) : 0.f;
+      const float bias_hi = bias != nullptr ? float(bias[feature0 + get<0>(coord(0)) + 8]) : 0.f;
       CUTE_UNROLL
       for (int i = 0; i < size(acc); ++i) {
-        const int f = get<0>(coord(i)), t = get<1>(coord(i));
-        float v = acc(i);
-        if (bias != nullptr) v += float(bias[feature0 + f]);
-        out_tile(t, f) = T(v);
+        out_values(i) = T(acc(i) + (get<0>(coord(i)) == get<0>(coord(0)) ? bias_lo : bias_hi));
       }
+      copy(store_out, out_src, out_dst);
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read next by the TMA store
       cutlass::arch::NamedBarrier::sync(128, 1 + h);
       if (tid == 0) tma_store_2d(&p.out_map, sh.out[h], feature0, token0);
