@@ -8,6 +8,7 @@ set -u
 out=${1:-/tmp/pbsng_gpu_run}
 shift || true
 mkdir -p "$out"
+rm -f "$out/tests.log"
 MAX_JOBS=${MAX_JOBS:-16} python3 -m pip install --no-build-isolation --no-deps -e . > "$out/build.log" 2>&1 \
   || { tail -40 "$out/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > "$out/gpu.txt"
@@ -19,15 +20,16 @@ esac
 for arg in "$@"; do
   case $arg in
     --memcheck)
+      # memcheck and test logs share one file: the device tool brings back at most 8 files.
       compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -x tests/test_kernels_cuda.py \
-        -k "hopper_path_at_every_m and (m257 or m7-)" > "$out/memcheck.log" 2>&1
-      echo "memcheck exit $?" >> "$out/memcheck.log" ;;
+        -k "hopper_path_at_every_m and (m257 or m7-)" >> "$out/tests.log" 2>&1
+      echo "memcheck exit $?" >> "$out/tests.log" ;;
   esac
 done
 case " $* " in
   *" --no-tests "*) ;;
-  *) python3 -m pytest -q tests -m cuda > "$out/tests.log" 2>&1; echo "tests exit $?" >> "$out/tests.log" ;;
+  *) python3 -m pytest -q tests -m cuda >> "$out/tests.log" 2>&1; echo "tests exit $?" >> "$out/tests.log" ;;
 esac
-for f in "$out/tests.log" "$out/memcheck.log"; do [ -f "$f" ] && { echo "== $f"; tail -4 "$f"; }; done
+[ -f "$out/tests.log" ] && grep -E "passed|failed|error|ERROR SUMMARY|exit" "$out/tests.log" | tail -8
 [ -f "$out/bench_ops.txt" ] && grep -E "^block|^dense" "$out/bench_ops.txt"
 exit 0
