@@ -1,0 +1,42 @@
+"""Where the time of one BlockSparseLinear training step goes: torch.profiler's CUDA-kernel table.
+
+    python benchmarks/profile/profile_step.py --shape 8192x4096x4096 --block 128 --density 0.1
+"""
+import argparse
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from pytorch_block_sparse_ng import BlockSparseLinear
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shape", default="8192x4096x4096", help="tokens x in x out")
+    parser.add_argument("--block", type=int, default=128)
+    parser.add_argument("--density", type=float, default=0.1)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    m, k, n = (int(v) for v in args.shape.split("x"))
+    layer = BlockSparseLinear(k, n, density=args.density, block_shape=(args.block, args.block), device="cuda",
+                              dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    params = (x, layer.weight.data, layer.bias)
+
+    def step():
+        torch.autograd.grad(layer(x), params, dy)
+
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            step()
+        torch.cuda.synchronize()
+    print(f"{args.shape} block {args.block} density {args.density}, {args.steps} steps")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
+
+
+if __name__ == "__main__":
+    main()
