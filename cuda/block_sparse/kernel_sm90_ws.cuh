@@ -297,9 +297,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
     // Epilogue of consumer h: features feature0 .. + 63 (none past the last line).
     const int feature0 = group * Cfg::kFeatures + h * 64;
     if (h < lines * (B == 64 ? 1 : 2)) {
-      if (tid == 0) tma_store_wait_read();  // the previous tile's store has left out_tile
+      if (tid == 0) tma_store_wait_read();  // the previous tile's store has left sh.out[h]
       cutlass::arch::NamedBarrier::sync(128, 1 + h);
-      // A thread's accumulators cover two features (rows r and r + 8 of its warp's 16).
+      // A thread's accumulators cover two features, rows r and r + 8 of its warp's 16 (the wgmma C layout;
+      // the bias tests would catch another).
       const float bias_lo = bias != nullptr ? float(bias[feature0 + get<0>(coord(0))]) : 0.f;
       const float bias_hi = bias != nullptr ? float(bias[feature0 + get<0>(coord(0)) + 8]) : 0.f;
       CUTE_UNROLL
