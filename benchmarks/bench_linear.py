@@ -1,8 +1,10 @@
 """Dense F.linear (cuBLAS) against BlockSparseLinear and its peers, side by side on one GPU.
 
 Times y = x Wᵀ + b (forward) and a training step (forward + grad input + grad weight + grad bias) with CUDA
-events: median of --reps timings after warm-up. Decode shapes (M = 1, 16) are timed as a CUDA graph of
---graph-calls forward calls, reported per call. Peers, when importable: PyTorch BSR
+events: median of --reps timings after warm-up. The training step is timed twice: in eager mode ("train", what
+a plain training loop sees, host time included) and replayed from a CUDA graph of --graph-steps steps
+("train_graph", the GPU time: at low density the eager step is bound by Python and launch time). Decode shapes
+(M = 1, 16) are timed as a CUDA graph of --graph-calls forward calls, reported per call. Peers, when importable: PyTorch BSR
 (torch.sparse._triton_ops.bsr_dense_mm, forward only) and STK (stanford-stk, block 128: dds for the forward,
 dds + dds + sdd for the training step).
 
@@ -132,6 +134,9 @@ def run(args):
 
                 dense_train = timed(dense_step)
                 record(**common, method="dense", block=0, density=1.0, phase="train", ms=dense_train, speedup=1.0)
+                dense_graph = time_graph_ms(dense_step, args.graph_steps, args.reps)
+                record(**common, method="dense", block=0, density=1.0, phase="train_graph", ms=dense_graph,
+                       speedup=1.0)
 
             for block in args.blocks:
                 for density in args.densities:
@@ -160,6 +165,9 @@ def run(args):
                         train = timed(step)
                         record(**common, method="ours", block=block, density=density, phase="train", ms=train,
                                speedup=dense_train / train)
+                        train = time_graph_ms(step, args.graph_steps, args.reps)
+                        record(**common, method="ours", block=block, density=density, phase="train_graph",
+                               ms=train, speedup=dense_graph / train)
                     dense_masked = layer.weight.to_dense().detach()
                     del layer
                     if args.no_peers or decode:
@@ -192,6 +200,9 @@ def run(args):
                             t = timed(stk_step)
                             record(**common, method="stk", block=128, density=density, phase="train", ms=t,
                                    speedup=dense_train / t)
+                            t = time_graph_ms(stk_step, args.graph_steps, args.reps)
+                            record(**common, method="stk", block=128, density=density, phase="train_graph", ms=t,
+                                   speedup=dense_graph / t)
                         except Exception as error:  # noqa: BLE001
                             record(**common, method="stk", block=128, density=density, phase="forward",
                                    error=f"{type(error).__name__}: {str(error)[:120]}")
@@ -203,14 +214,16 @@ def run(args):
 def markdown(gpu, records, args):
     lines = [f"# BlockSparseLinear vs dense on {gpu}", "",
              f"torch {torch.__version__}, CUDA {torch.version.cuda}; median of {args.reps} CUDA-event timings; "
-             f"decode shapes per call inside a CUDA graph of {args.graph_calls} calls. Cells: speedup over dense "
-             "F.linear in the same dtype (time in ms).", ""]
+             f"decode shapes per call inside a CUDA graph of {args.graph_calls} calls; train_graph: the training "
+             f"step replayed from a CUDA graph of {args.graph_steps} steps (GPU time, no host overhead). Cells: "
+             "speedup over dense F.linear in the same dtype (time in ms).", ""]
     keys = sorted({(r["dtype"], r["m"], r["k"], r["n"]) for r in records}, key=lambda t: (t[0], -t[1] * t[2] * t[3]))
     for dtype, m, k, n in keys:
         rows = [r for r in records if (r["dtype"], r["m"], r["k"], r["n"]) == (dtype, m, k, n)]
         dense = {r["phase"]: r["ms"] for r in rows if r["method"] == "dense"}
         lines += [f"## {dtype}, M={m}, in={k}, out={n}  (dense forward {dense.get('forward', float('nan')):.4f} ms"
-                  + (f", training step {dense['train']:.4f} ms)" if "train" in dense else ")"), "",
+                  + (f", training step {dense['train']:.4f} ms, in a CUDA graph {dense['train_graph']:.4f} ms)"
+                     if "train" in dense else ")"), "",
                   "| method | phase | block | " + " | ".join(f"d={d}" for d in args.densities) + " |",
                   "|---|---|---|" + "---|" * len(args.densities)]
         combos = sorted({(r["method"], r["phase"], r["block"]) for r in rows if r["method"] != "dense"},
@@ -251,7 +264,8 @@ def plot(gpu, records, path, args):
             pts = sorted((r["density"], r["speedup"]) for r in rows
                          if (r["method"], r["phase"], r["block"]) == (method, phase, block))
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if phase == "forward" else "s",
-                    color=colors[(method, block)], linestyle="-" if phase == "forward" else "--",
+                    color=colors[(method, block)],
+                    linestyle={"forward": "-", "train": "--"}.get(phase, ":"),
                     label=f"{method} {phase} b{block}")
         ax.axhline(1.0, color="k", linewidth=0.8)
         ax.set_title(f"M={m}, {k}->{n}, {args.dtypes[0]}")
@@ -275,6 +289,7 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--graph-calls", type=int, default=20)
+    parser.add_argument("--graph-steps", type=int, default=4, help="training steps per CUDA graph (train_graph)")
     parser.add_argument("--no-peers", action="store_true", help="skip PyTorch BSR and STK")
     args = parser.parse_args(argv)
     args.dtypes = args.dtypes.split(",")
@@ -295,7 +310,8 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, f"bench_linear_{name}")
     meta = dict(gpu=gpu, torch=torch.__version__, cuda=torch.version.cuda, reps=args.reps,
-                graph_calls=args.graph_calls, seconds=round(time.time() - started, 1), quick=args.quick)
+                graph_calls=args.graph_calls, graph_steps=args.graph_steps,
+                seconds=round(time.time() - started, 1), quick=args.quick)
     with open(base + ".json", "w") as handle:
         json.dump(dict(meta=meta, records=records), handle, indent=1)
     text = markdown(gpu, records, args)

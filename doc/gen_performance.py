@@ -24,9 +24,12 @@ run: speed-up = dense time / sparse time (above 1: faster than dense). Numbers c
 `python doc/gen_performance.py`, and `notebooks/03_benchmark_plots` draws them.
 
 How the timings are taken (see the script's docstring): median of CUDA-event timings after warm-up; "forward"
-is y = x Wᵀ + b, "train" a full training step of the layer (forward, grad input, grad weight, grad bias);
-decode shapes (M = 1, 16 tokens) are timed inside a CUDA graph. Each configuration is checked against
-`F.linear` on its dense weight before it is timed. How the kernels work and why the numbers are what they are:
+is y = x Wᵀ + b, "train" a full training step of the layer (forward, grad input, grad weight, grad bias) in
+eager mode (host time included: at low density Python and kernel launches bound it), "train_graph" the same
+step replayed from a CUDA graph (GPU time, against dense replayed the same way; dense cuBLAS was measured
+slower in a graph than in eager mode on the H100, which flatters these ratios: compare the times too, see
+kernels.md); decode shapes (M = 1, 16 tokens) are timed inside a CUDA graph. Each configuration is checked
+against `F.linear` on its dense weight before it is timed. How the kernels work and why the numbers are what they are:
 [kernels.md](kernels.md).
 """
 
