@@ -4,9 +4,9 @@ Times y = x Wᵀ + b (forward) and a training step (forward + grad input + grad 
 events: median of --reps timings after warm-up. The training step is timed twice: in eager mode ("train", what
 a plain training loop sees, host time included) and replayed from a CUDA graph of --graph-steps steps
 ("train_graph", the GPU time: at low density the eager step is bound by Python and launch time). Decode shapes
-(M = 1, 16) are timed as a CUDA graph of --graph-calls forward calls, reported per call. Peers, when importable: PyTorch BSR
-(torch.sparse._triton_ops.bsr_dense_mm, forward only) and STK (stanford-stk, block 128: dds for the forward,
-dds + dds + sdd for the training step).
+(M = 1, 16) are timed as a CUDA graph of --graph-calls forward calls, reported per call. Peers, when
+importable: PyTorch BSR (torch.sparse._triton_ops.bsr_dense_mm, forward only) and STK (stanford-stk, block
+128: dds for the forward, dds + dds + sdd for the training step).
 
 speedup = dense time (same dtype, same run) / method time. Each BlockSparseLinear configuration is also checked
 against F.linear on its dense weight (max relative error, in the JSON) so that no broken kernel is timed.
@@ -165,9 +165,9 @@ def run(args):
                         train = timed(step)
                         record(**common, method="ours", block=block, density=density, phase="train", ms=train,
                                speedup=dense_train / train)
-                        train = time_graph_ms(step, args.graph_steps, args.reps)
+                        train_graph = time_graph_ms(step, args.graph_steps, args.reps)
                         record(**common, method="ours", block=block, density=density, phase="train_graph",
-                               ms=train, speedup=dense_graph / train)
+                               ms=train_graph, speedup=dense_graph / train_graph)
                     dense_masked = layer.weight.to_dense().detach()
                     del layer
                     if args.no_peers or decode:
@@ -200,11 +200,16 @@ def run(args):
                             t = timed(stk_step)
                             record(**common, method="stk", block=128, density=density, phase="train", ms=t,
                                    speedup=dense_train / t)
+                        except Exception as error:  # noqa: BLE001
+                            record(**common, method="stk", block=128, density=density, phase="forward",
+                                   error=f"{type(error).__name__}: {str(error)[:120]}")
+                            continue
+                        try:  # a peer that cannot be captured in a CUDA graph gets an error cell, not a crash
                             t = time_graph_ms(stk_step, args.graph_steps, args.reps)
                             record(**common, method="stk", block=128, density=density, phase="train_graph", ms=t,
                                    speedup=dense_graph / t)
                         except Exception as error:  # noqa: BLE001
-                            record(**common, method="stk", block=128, density=density, phase="forward",
+                            record(**common, method="stk", block=128, density=density, phase="train_graph",
                                    error=f"{type(error).__name__}: {str(error)[:120]}")
             del x, dy, w, b, xg
             torch.cuda.empty_cache()

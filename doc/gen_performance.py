@@ -29,8 +29,8 @@ eager mode (host time included: at low density Python and kernel launches bound 
 step replayed from a CUDA graph (GPU time, against dense replayed the same way; dense cuBLAS was measured
 slower in a graph than in eager mode on the H100, which flatters these ratios: compare the times too, see
 kernels.md); decode shapes (M = 1, 16 tokens) are timed inside a CUDA graph. Each configuration is checked
-against `F.linear` on its dense weight before it is timed. How the kernels work and why the numbers are what they are:
-[kernels.md](kernels.md).
+against `F.linear` on its dense weight before it is timed. How the kernels work and why the numbers are what
+they are: [kernels.md](kernels.md).
 """
 
 NO_RESULTS = """## Results
