@@ -2,7 +2,10 @@
 
     python benchmarks/bench_ops.py [--shape 8192x4096x4096] [--dtype bf16]
 
-Prints ms and TFLOP/s on the kept blocks (2 * M * N * K * density / time) next to cuBLAS on the dense problem.
+Prints ms and TFLOP/s on the kept blocks (2 * M * N * K * density / time) next to cuBLAS on the dense problem,
+the SM80 kernel of each product on Hopper GPUs, and dsd / dds with lines in their natural order ("(id)")
+instead of the pattern's row_order / col_order (layout.pair_order), which decide the lines paired in a tile,
+and with tiles dealt round-robin ("(rr)") instead of taken from a counter.
 """
 
 import argparse
@@ -85,8 +88,18 @@ def main():
                         "sdd": lambda: ops.sdd(dy, x, *index, (block, block))}
             hopper = _C.uses_hopper_kernels(torch.cuda.current_device(), block)
             times = {}
+            natural = (*index[:6], torch.arange(mat.grid[0], device="cuda", dtype=torch.int32),
+                       torch.arange(mat.grid[1], device="cuda", dtype=torch.int32))
             for op, run in products.items():
                 times[op] = time_ms(run)
+                if hopper and op == "dsd":
+                    times["dsd(id)"] = time_ms(lambda: ops.dsd(x, data, None, *natural))
+                if hopper and op == "dds":
+                    times["dds(id)"] = time_ms(lambda: ops.dds(dy, data, *natural))
+                if hopper and op in ("dsd", "dds"):  # tiles round-robin instead of from the counter
+                    previous = _ops.set_hopper_dynamic_tiles(False)
+                    times[f"{op}(rr)"] = time_ms(run)
+                    _ops.set_hopper_dynamic_tiles(previous)
                 if hopper:  # the SM80 kernel of the same product, for comparison
                     previous = _ops.set_hopper_kernels(False)
                     times[f"{op}(sm80)"] = time_ms(run)

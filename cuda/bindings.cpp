@@ -59,10 +59,12 @@ struct Pattern {
   int64_t n_block_rows, n_block_cols, nnz;
 };
 
-// The six index arrays of layout.INDEX_NAMES, checked against each other and nnz.
+// The six index arrays of layout.INDEX_NAMES and the two orders of layout.ORDER_NAMES, checked against each
+// other and nnz (their contents are trusted: layout.py builds them).
 Pattern check_pattern(const at::Tensor& row_offsets, const at::Tensor& col_indices, const at::Tensor& row_indices,
                       const at::Tensor& col_offsets_t, const at::Tensor& row_indices_t, const at::Tensor& perm_t,
-                      int64_t nnz, const at::Tensor& ref, const char* fn) {
+                      const at::Tensor& row_order, const at::Tensor& col_order, int64_t nnz, const at::Tensor& ref,
+                      const char* fn) {
   check_defined(row_offsets, fn, "row_offsets");
   check_defined(col_offsets_t, fn, "col_offsets_t");
   PBSNG_CHECK_VALUE(row_offsets.dim() == 1 && row_offsets.numel() >= 1, fn, ": row_offsets must be 1-D with R + 1 >= 1 "
@@ -76,6 +78,8 @@ Pattern check_pattern(const at::Tensor& row_offsets, const at::Tensor& col_indic
   check_index(col_offsets_t, p.n_block_cols + 1, ref, fn, "col_offsets_t", "C + 1");
   check_index(row_indices_t, nnz, ref, fn, "row_indices_t", "one per kept block");
   check_index(perm_t, nnz, ref, fn, "perm_t", "one per kept block");
+  check_index(row_order, p.n_block_rows, ref, fn, "row_order", "one per block row");
+  check_index(col_order, p.n_block_cols, ref, fn, "col_order", "one per block column");
   PBSNG_CHECK_VALUE(nnz <= p.n_block_rows * p.n_block_cols, fn, ": ", nnz, " kept blocks do not fit a ",
                     p.n_block_rows, " x ", p.n_block_cols, " block grid");
   return p;
@@ -127,6 +131,26 @@ bool use_hopper_for(int device, int block, int64_t m, int64_t nnz) {
   return nnz > 0 && m >= g_hopper_min_rows && hopper_device(device, block);
 }
 
+// The Hopper dsd / dds hand out tiles from a zeroed counter (allocated per call: a 4-byte memset) so that SMs
+// that finish cheap tiles take more; off: a fixed round-robin (kept to measure the difference).
+bool g_hopper_dynamic_tiles = true;
+bool set_hopper_dynamic_tiles(bool enabled) {
+  const bool previous = g_hopper_dynamic_tiles;
+  g_hopper_dynamic_tiles = enabled;
+  return previous;
+}
+
+at::Tensor tile_counter_for(const at::Tensor& like, cudaStream_t stream) {
+  if (!g_hopper_dynamic_tiles) return at::Tensor();
+  at::Tensor counter = at::empty({1}, like.options().dtype(at::kInt));
+  // A memset node, not at::zeros' fill kernel: less host time per call.
+  const cudaError_t err = cudaMemsetAsync(counter.data_ptr(), 0, sizeof(int), stream);
+  TORCH_CHECK(err == cudaSuccess, cat("zeroing the tile counter failed: ", cudaGetErrorString(err)));
+  return counter;
+}
+
+int* counter_ptr(const at::Tensor& counter) { return counter.defined() ? counter.data_ptr<int>() : nullptr; }
+
 bool set_hopper_kernels(bool enabled) {
   const bool previous = g_hopper_enabled;
   g_hopper_enabled = enabled;
@@ -157,14 +181,15 @@ int64_t set_hopper_min_rows(int64_t rows) {
 
 at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<at::Tensor>& bias,
                const at::Tensor& row_offsets, const at::Tensor& col_indices, const at::Tensor& row_indices,
-               const at::Tensor& col_offsets_t, const at::Tensor& row_indices_t, const at::Tensor& perm_t) {
+               const at::Tensor& col_offsets_t, const at::Tensor& row_indices_t, const at::Tensor& perm_t,
+               const at::Tensor& row_order, const at::Tensor& col_order) {
   check_operand(x, 2, kDsd, "x");
   check_operand(data, 3, kDsd, "data");
   check_same_device(data, x, kDsd, "data", "x");
   check_same_dtype(data, x, kDsd, "data", "x");
   const int block = check_block(data.size(1), data.size(2), kDsd, "data block shape");
   const Pattern pat = check_pattern(row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t,
-                                    data.size(0), x, kDsd);
+                                    row_order, col_order, data.size(0), x, kDsd);
   const int64_t n = pat.n_block_rows * block, k = pat.n_block_cols * block;
   PBSNG_CHECK_VALUE(x.size(1) == k, kDsd, ": x.shape=", shape_str(x), " must be (M, in_features=", k,
                     ") for a weight of ", pat.n_block_cols, " block columns of ", block);
@@ -200,10 +225,12 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   }
   DsdParams p{x.data_ptr(), data.data_ptr(), b ? b->data_ptr() : nullptr, splits > 1 ? nullptr : y.data_ptr(),
               splits > 1 ? y_f32.data_ptr<float>() : nullptr, row_offsets.data_ptr<int32_t>(),
-              col_indices.data_ptr<int32_t>(), m, pat.nnz, int(pat.n_block_rows), int(pat.n_block_cols), block,
-              int(splits), int(sms)};
+              col_indices.data_ptr<int32_t>(), row_order.data_ptr<int32_t>(), nullptr, m, pat.nnz,
+              int(pat.n_block_rows), int(pat.n_block_cols), block, int(splits), int(sms)};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
   if (splits == 1 && use_hopper_for(x.device().index(), block, m, pat.nnz)) {
+    const at::Tensor counter = tile_counter_for(x, stream);
+    p.tile_counter = counter_ptr(counter);
     check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_sm90<DType::kFloat16>(p, stream)
                                                 : launch_dsd_sm90<DType::kBFloat16>(p, stream), kDsd);
   } else {
@@ -217,14 +244,15 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
 
 at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& row_offsets,
                const at::Tensor& col_indices, const at::Tensor& row_indices, const at::Tensor& col_offsets_t,
-               const at::Tensor& row_indices_t, const at::Tensor& perm_t) {
+               const at::Tensor& row_indices_t, const at::Tensor& perm_t, const at::Tensor& row_order,
+               const at::Tensor& col_order) {
   check_operand(dy, 2, kDds, "dy");
   check_operand(data, 3, kDds, "data");
   check_same_device(data, dy, kDds, "data", "dy");
   check_same_dtype(data, dy, kDds, "data", "dy");
   const int block = check_block(data.size(1), data.size(2), kDds, "data block shape");
   const Pattern pat = check_pattern(row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t,
-                                    data.size(0), dy, kDds);
+                                    row_order, col_order, data.size(0), dy, kDds);
   const int64_t n = pat.n_block_rows * block, k = pat.n_block_cols * block;
   PBSNG_CHECK_VALUE(dy.size(1) == n, kDds, ": dy.shape=", shape_str(dy), " must be (M, out_features=", n,
                     ") for a weight of ", pat.n_block_rows, " block rows of ", block);
@@ -232,10 +260,13 @@ at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& r
   c10::cuda::CUDAGuard guard(dy.device());
   at::Tensor dx = at::empty({dy.size(0), k}, dy.options());
   DdsParams p{dy.data_ptr(), data.data_ptr(), dx.data_ptr(), col_offsets_t.data_ptr<int32_t>(),
-              row_indices_t.data_ptr<int32_t>(), perm_t.data_ptr<int32_t>(), dy.size(0), pat.nnz,
+              row_indices_t.data_ptr<int32_t>(), perm_t.data_ptr<int32_t>(), col_order.data_ptr<int32_t>(), nullptr,
+              dy.size(0), pat.nnz,
               int(pat.n_block_rows), int(pat.n_block_cols), block, multiprocessor_count(dy.device().index())};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
   if (use_hopper_for(dy.device().index(), block, dy.size(0), pat.nnz)) {
+    const at::Tensor counter = tile_counter_for(dy, stream);
+    p.tile_counter = counter_ptr(counter);
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)
                                                  : launch_dds_sm90<DType::kBFloat16>(p, stream), kDds);
   } else {
@@ -247,7 +278,8 @@ at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& r
 
 at::Tensor sdd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_offsets,
                const at::Tensor& col_indices, const at::Tensor& row_indices, const at::Tensor& col_offsets_t,
-               const at::Tensor& row_indices_t, const at::Tensor& perm_t, std::vector<int64_t> block_shape) {
+               const at::Tensor& row_indices_t, const at::Tensor& perm_t, const at::Tensor& row_order,
+               const at::Tensor& col_order, std::vector<int64_t> block_shape) {
   check_operand(dy, 2, kSdd, "dy");
   check_operand(x, 2, kSdd, "x");
   check_same_device(x, dy, kSdd, "x", "dy");
@@ -256,7 +288,7 @@ at::Tensor sdd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_
   const int block = check_block(block_shape[0], block_shape[1], kSdd, "block_shape");
   check_defined(col_indices, kSdd, "col_indices");
   const Pattern pat = check_pattern(row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t,
-                                    col_indices.numel(), dy, kSdd);
+                                    row_order, col_order, col_indices.numel(), dy, kSdd);
   const int64_t n = pat.n_block_rows * block, k = pat.n_block_cols * block;
   PBSNG_CHECK_VALUE(dy.size(1) == n, kSdd, ": dy.shape=", shape_str(dy), " must be (M, out_features=", n, ")");
   PBSNG_CHECK_VALUE(x.size(1) == k, kSdd, ": x.shape=", shape_str(x), " must be (M, in_features=", k, ")");
@@ -327,18 +359,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dsd", &pbsng::dsd, "y (M, N) = x (M, K) W^T + bias", pybind11::arg("x"), pybind11::arg("data"),
         pybind11::arg("bias"), pybind11::arg("row_offsets"), pybind11::arg("col_indices"),
         pybind11::arg("row_indices"), pybind11::arg("col_offsets_t"), pybind11::arg("row_indices_t"),
-        pybind11::arg("perm_t"));
+        pybind11::arg("perm_t"), pybind11::arg("row_order"), pybind11::arg("col_order"));
   m.def("dds", &pbsng::dds, "dx (M, K) = dy (M, N) W", pybind11::arg("dy"), pybind11::arg("data"),
         pybind11::arg("row_offsets"), pybind11::arg("col_indices"), pybind11::arg("row_indices"),
-        pybind11::arg("col_offsets_t"), pybind11::arg("row_indices_t"), pybind11::arg("perm_t"));
+        pybind11::arg("col_offsets_t"), pybind11::arg("row_indices_t"), pybind11::arg("perm_t"),
+        pybind11::arg("row_order"), pybind11::arg("col_order"));
   m.def("sdd", &pbsng::sdd, "dW_b [nnz, B, B] = dy^T x on the kept blocks", pybind11::arg("dy"), pybind11::arg("x"),
         pybind11::arg("row_offsets"), pybind11::arg("col_indices"), pybind11::arg("row_indices"),
         pybind11::arg("col_offsets_t"), pybind11::arg("row_indices_t"), pybind11::arg("perm_t"),
-        pybind11::arg("block_shape"));
+        pybind11::arg("row_order"), pybind11::arg("col_order"), pybind11::arg("block_shape"));
   m.def("device_supported", &pbsng::device_supported, "whether this build has kernels for the device",
         pybind11::arg("device"));
   m.def("set_hopper_kernels", &pbsng::set_hopper_kernels,
         "use (True, default) or not the sm_90a wgmma kernels on Hopper GPUs; returns the previous setting",
+        pybind11::arg("enabled"));
+  m.def("set_hopper_dynamic_tiles", &pbsng::set_hopper_dynamic_tiles,
+        "Hopper dsd / dds take tiles from a counter (True, default) or round-robin; returns the previous setting",
         pybind11::arg("enabled"));
   m.def("uses_hopper_kernels", &pbsng::hopper_device,
         "whether dsd / dds on this device and block size use the Hopper kernels (for M >= the minimum rows)",

@@ -1,7 +1,9 @@
 """The CUDA kernels as torch.library custom ops: the only importer of the compiled extension ``_C``.
 
 Ops (namespace ``pytorch_block_sparse_ng``), each with a fake (meta) implementation so that ``torch.compile``
-traces them without graph breaks; index tensors are in ``layout.INDEX_NAMES`` order:
+traces them without graph breaks; index tensors (``*index``) are in ``layout.INDEX_NAMES`` order followed by
+the ``layout.ORDER_NAMES`` schedules (``row_order``, ``col_order``: the order of the lines the Hopper dsd / dds
+pair in a tile; the results do not depend on it):
 
 - ``dsd(x (M, K), data [nnz, B, B], bias (N,) or None, *index) -> y (M, N)``       y = x Wᵀ + bias
 - ``dds(dy (M, N), data, *index) -> dx (M, K)``                                     dx = dy W
@@ -42,7 +44,7 @@ except ImportError as error:
                       f"torch {torch.__version__} (CUDA {torch.version.cuda})") from error
 
 __all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "describe_build", "set_hopper_kernels",
-           "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row"]
+           "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row", "set_hopper_dynamic_tiles"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
 # default) unless this is "0".
@@ -53,6 +55,12 @@ if os.environ.get("PYTORCH_BLOCK_SPARSE_NG_HOPPER", "1") == "0":
 def set_hopper_kernels(enabled: bool) -> bool:
     """Use (default) or not the Hopper wgmma kernels where they exist; returns the previous setting."""
     return bool(_C.set_hopper_kernels(bool(enabled)))
+
+
+def set_hopper_dynamic_tiles(enabled: bool) -> bool:
+    """The Hopper dsd / dds take their tiles from a counter (default: SMs that finish cheap tiles take more) or
+    round-robin (False; kept to measure the difference); returns the previous setting."""
+    return bool(_C.set_hopper_dynamic_tiles(bool(enabled)))
 
 
 def set_hopper_min_rows(rows: int) -> int:
@@ -100,39 +108,44 @@ def _aligned(t: Tensor) -> Tensor:
 # ------------------------------------------------------------------------------------------------ dsd
 @torch.library.custom_op("pytorch_block_sparse_ng::dsd", mutates_args=())
 def _dsd(x: Tensor, data: Tensor, bias: Optional[Tensor], row_offsets: Tensor, col_indices: Tensor,
-         row_indices: Tensor, col_offsets_t: Tensor, row_indices_t: Tensor, perm_t: Tensor) -> Tensor:
+         row_indices: Tensor, col_offsets_t: Tensor, row_indices_t: Tensor, perm_t: Tensor, row_order: Tensor,
+         col_order: Tensor) -> Tensor:
     return _C.dsd(_aligned(x), _aligned(data), bias if bias is None else bias.contiguous(), row_offsets, col_indices,
-                  row_indices, col_offsets_t, row_indices_t, perm_t)
+                  row_indices, col_offsets_t, row_indices_t, perm_t, row_order, col_order)
 
 
 @_dsd.register_fake
-def _dsd_fake(x, data, bias, row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t):
+def _dsd_fake(x, data, bias, row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t, row_order,
+              col_order):
     return x.new_empty((x.shape[0], (row_offsets.shape[0] - 1) * data.shape[1]))
 
 
 # ------------------------------------------------------------------------------------------------ dds
 @torch.library.custom_op("pytorch_block_sparse_ng::dds", mutates_args=())
 def _dds(dy: Tensor, data: Tensor, row_offsets: Tensor, col_indices: Tensor, row_indices: Tensor,
-         col_offsets_t: Tensor, row_indices_t: Tensor, perm_t: Tensor) -> Tensor:
+         col_offsets_t: Tensor, row_indices_t: Tensor, perm_t: Tensor, row_order: Tensor, col_order: Tensor) -> Tensor:
     return _C.dds(_aligned(dy), _aligned(data), row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t,
-                  perm_t)
+                  perm_t, row_order, col_order)
 
 
 @_dds.register_fake
-def _dds_fake(dy, data, row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t):
+def _dds_fake(dy, data, row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t, row_order,
+              col_order):
     return dy.new_empty((dy.shape[0], (col_offsets_t.shape[0] - 1) * data.shape[2]))
 
 
 # ------------------------------------------------------------------------------------------------ sdd
 @torch.library.custom_op("pytorch_block_sparse_ng::sdd", mutates_args=())
 def _sdd(dy: Tensor, x: Tensor, row_offsets: Tensor, col_indices: Tensor, row_indices: Tensor,
-         col_offsets_t: Tensor, row_indices_t: Tensor, perm_t: Tensor, block_shape: List[int]) -> Tensor:
+         col_offsets_t: Tensor, row_indices_t: Tensor, perm_t: Tensor, row_order: Tensor, col_order: Tensor,
+         block_shape: List[int]) -> Tensor:
     return _C.sdd(_aligned(dy), _aligned(x), row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t,
-                  perm_t, list(block_shape))
+                  perm_t, row_order, col_order, list(block_shape))
 
 
 @_sdd.register_fake
-def _sdd_fake(dy, x, row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t, block_shape):
+def _sdd_fake(dy, x, row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t, row_order,
+              col_order, block_shape):
     return x.new_empty((col_indices.shape[0], block_shape[0], block_shape[1]))
 
 
@@ -159,7 +172,7 @@ def dds(dy: Tensor, data: Tensor, *index: Tensor) -> Tensor:
 
 
 def sdd(dy: Tensor, x: Tensor, *args) -> Tensor:
-    """dW_b [nnz, BR, BC] = dyᵀ x on the kept blocks. ``args`` = the six index tensors, then block_shape."""
+    """dW_b [nnz, BR, BC] = dyᵀ x on the kept blocks. ``args`` = the eight index tensors, then block_shape."""
     *index, block_shape = args
     if _eager(x):
         return _C.sdd(_aligned(dy), _aligned(x), *index, [int(b) for b in block_shape])

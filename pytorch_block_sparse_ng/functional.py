@@ -18,11 +18,11 @@ __all__ = ["BlockSparseLinearFunction", "block_sparse_linear"]
 
 
 class BlockSparseLinearFunction(torch.autograd.Function):
-    """apply(x (M, K), data [nnz, BR, BC], bias (N,) or None, *index in layout.INDEX_NAMES order) -> (M, N)."""
+    """apply(x (M, K), data [nnz, BR, BC], bias (N,) or None, *index) -> (M, N), with ``index`` the tensors of
+    ``BlockSparseMatrix.indices()`` (layout.INDEX_NAMES, then layout.ORDER_NAMES)."""
 
     @staticmethod
-    def forward(ctx, x, data, bias, row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t):
-        index = (row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t)
+    def forward(ctx, x, data, bias, *index):
         ctx.save_for_backward(x, data, *index)
         return backend.dsd(x, data, bias, *index)
 

@@ -14,7 +14,14 @@ Tensors (all on the same device; the indices are int32 so kernels can read them 
                                      ``col_offsets_t[c]:col_offsets_t[c+1]`` of the two tensors below
 ``row_indices_t``   [nnz]            block row of each block in column-major order; increasing per column
 ``perm_t``          [nnz]            index into ``data`` of each block in column-major order
+``row_order``       [R]              a schedule, not part of the pattern: the block rows in the order the Hopper
+                                     kernels take them two at a time (rows sharing many block columns side
+                                     by side, so that they share activation tiles); any permutation gives the
+                                     same results
+``col_order``       [C]              the same for the block columns (dx = dy W)
 ==================  ===============  ==========================================================
+
+The two orders are derived from the pattern (``line_orders``) and are not saved in the ``state_dict``.
 
 The product kernels use them as follows (``W`` is the dense matrix this one stands for, shape (rows, cols)):
 y = x Wᵀ walks ``row_offsets``/``col_indices``; dx = dy W walks the column-major index; the weight gradient
@@ -34,6 +41,9 @@ __all__ = ["BlockSparseMatrix", "block_grid", "check_block_shape", "count_blocks
 _INDEX_DTYPE = torch.int32
 # Buffers that hold the pattern, in the order the autograd Function takes them.
 INDEX_NAMES = ("row_offsets", "col_indices", "row_indices", "col_offsets_t", "row_indices_t", "perm_t")
+# Schedules derived from the pattern (non-persistent buffers), passed to the products after INDEX_NAMES.
+ORDER_NAMES = ("row_order", "col_order")
+_ALL_INDEX_NAMES = INDEX_NAMES + ORDER_NAMES
 
 
 def check_block_shape(block_shape, owner: str = "BlockSparseMatrix") -> Tuple[int, int]:
@@ -121,6 +131,46 @@ def indices_from_block_mask(block_mask: torch.Tensor) -> dict:
     )
 
 
+def pair_order(block_mask: torch.Tensor) -> torch.Tensor:
+    """int32 [R]: the rows of a bool [R, C] mask ordered so that rows 2i and 2i + 1 of the order share many
+    columns (greedy: each unpaired row, most blocks first, takes the free row of largest overlap, ties to the
+    smaller union; the pairs then in the order of their first row; with an odd R the last entry is alone).
+
+    A kernel that computes two rows per tile loads a column's activation tile once for both, so the overlap
+    saves loads: on random 64 x 64 patterns 12 / 10 / 6 % fewer tiles at density 0.1 / 0.25 / 0.5 than
+    pairing rows 2i, 2i + 1. Costs O(R^2 C) on the CPU, once per pattern."""
+    mask = block_mask.detach().to("cpu", torch.float32)
+    n_rows, n_cols = mask.shape
+    if n_rows < 3:
+        return torch.arange(n_rows, dtype=_INDEX_DTYPE, device=block_mask.device)
+    overlap = mask @ mask.T
+    sizes = mask.sum(1)
+    # Most shared columns first, then the smallest union (an empty row pairs with an empty row).
+    score = overlap * (2 * n_cols + 1) - (sizes[:, None] + sizes[None, :] - overlap)
+    free = torch.ones(n_rows, dtype=torch.bool)
+    pairs = []
+    for row in torch.sort(sizes, descending=True, stable=True).indices.tolist():
+        if not free[row]:
+            continue
+        free[row] = False
+        if free.any():
+            partner = int(torch.where(free, score[row], float("-inf")).argmax())
+            free[partner] = False
+            pairs.append((row, partner))
+        else:
+            pairs.append((row,))
+    # Pairs in the order of their first row, not by size: tiles of similar cost must not line up with the
+    # kernels' round-robin over CTAs (a size-sorted order made whole CTAs heavier).
+    pairs.sort(key=lambda pair: (len(pair) == 1, min(pair)))  # a row left alone stays last
+    order = [row for pair in pairs for row in pair]
+    return torch.tensor(order, dtype=_INDEX_DTYPE, device=block_mask.device)
+
+
+def line_orders(block_mask: torch.Tensor) -> dict:
+    """The ORDER_NAMES schedules of a bool [R, C] block mask: rows for y = x Wᵀ, columns for dx = dy W."""
+    return dict(row_order=pair_order(block_mask), col_order=pair_order(block_mask.T))
+
+
 class BlockSparseMatrix(nn.Module):
     """A (rows, cols) matrix of which only some (BR, BC) blocks are stored; see the module docstring.
 
@@ -155,6 +205,8 @@ class BlockSparseMatrix(nn.Module):
         self.data = nn.Parameter(data.detach().contiguous())
         for name, index in indices_from_block_mask(block_mask).items():
             self.register_buffer(name, index)
+        for name, order in line_orders(block_mask).items():
+            self.register_buffer(name, order, persistent=False)
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -270,9 +322,9 @@ class BlockSparseMatrix(nn.Module):
         return self.data.device
 
     def indices(self) -> Tuple[torch.Tensor, ...]:
-        """The index buffers in the order of ``INDEX_NAMES`` (what the autograd Function takes)."""
+        """The index buffers in the order of ``INDEX_NAMES + ORDER_NAMES`` (what the products take)."""
         buffers = self._buffers  # direct dict access: this runs on every forward
-        return tuple(buffers[name] for name in INDEX_NAMES)
+        return tuple(buffers[name] for name in _ALL_INDEX_NAMES)
 
     def block_mask(self) -> torch.Tensor:
         """Bool [R, C]: True where a block is kept."""
@@ -337,7 +389,13 @@ class BlockSparseMatrix(nn.Module):
         self.data.copy_(values)
         for name, index in indices_from_block_mask(block_mask).items():
             getattr(self, name).copy_(index)
+        self._update_orders(block_mask)
         return source
+
+    def _update_orders(self, block_mask: torch.Tensor) -> None:
+        # In place, like the indices: CUDA graphs keep pointing at the same buffers.
+        for name, order in line_orders(block_mask).items():
+            getattr(self, name).copy_(order)
 
     def validate(self) -> "BlockSparseMatrix":
         """Check that every index is consistent with the others (costs a host sync). Raises ValueError."""
@@ -346,6 +404,12 @@ class BlockSparseMatrix(nn.Module):
                              f"block_shape={self.block_shape}")
         check_indices(self.shape, self.block_shape, self.nnz_blocks, {n: getattr(self, n) for n in INDEX_NAMES},
                       self.device)
+        for name, n_lines in zip(ORDER_NAMES, self.grid):
+            order = getattr(self, name)
+            if order.dtype != _INDEX_DTYPE or tuple(order.shape) != (n_lines,) or not torch.equal(
+                    torch.sort(order.long()).values.cpu(), torch.arange(n_lines)):
+                raise ValueError(f"BlockSparseMatrix: {name} must be an int32 permutation of range({n_lines}), got "
+                                 f"{order.dtype} of shape {tuple(order.shape)}")
         return self
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -358,6 +422,8 @@ class BlockSparseMatrix(nn.Module):
                 check_indices(self.shape, self.block_shape, data.shape[0],
                               {n: state_dict[prefix + n] for n in INDEX_NAMES}, None)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if all(prefix + name in state_dict for name in INDEX_NAMES):
+            self._update_orders(self.block_mask())  # the schedules follow the loaded pattern
 
     def extra_repr(self) -> str:
         return (f"shape={tuple(self.shape)}, block_shape={self.block_shape}, nnz_blocks={self.nnz_blocks}, "

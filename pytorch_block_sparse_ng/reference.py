@@ -18,7 +18,8 @@ Two exact, vectorised strategies (no Python loop over blocks):
 ``DENSE_STRATEGY_MIN_DENSITY`` picks between them. fp16/bf16 inputs are accumulated in fp32 and rounded
 once at the end, as the kernels do.
 
-All functions take the index tensors in the order of ``layout.INDEX_NAMES`` and return new tensors.
+All functions take the index tensors in the order of ``layout.INDEX_NAMES``, optionally followed by the
+``layout.ORDER_NAMES`` schedules (ignored here: they only order the kernels' work), and return new tensors.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def _row_chunks(m: int, per_row_elements: int):
 
 def dsd(x: torch.Tensor, data: torch.Tensor, bias: Optional[torch.Tensor], row_offsets: torch.Tensor,
         col_indices: torch.Tensor, row_indices: torch.Tensor, col_offsets_t: torch.Tensor,
-        row_indices_t: torch.Tensor, perm_t: torch.Tensor) -> torch.Tensor:
+        row_indices_t: torch.Tensor, perm_t: torch.Tensor, row_order: Optional[torch.Tensor] = None,
+        col_order: Optional[torch.Tensor] = None) -> torch.Tensor:
     """y = x Wᵀ + bias. x: (M, K), data: [nnz, BR, BC], bias: (N,) or None -> (M, N) in x's dtype."""
     m = x.shape[0]
     nnz, br, bc = data.shape
@@ -91,7 +93,8 @@ def dsd(x: torch.Tensor, data: torch.Tensor, bias: Optional[torch.Tensor], row_o
 
 def dds(dy: torch.Tensor, data: torch.Tensor, row_offsets: torch.Tensor, col_indices: torch.Tensor,
         row_indices: torch.Tensor, col_offsets_t: torch.Tensor, row_indices_t: torch.Tensor,
-        perm_t: torch.Tensor) -> torch.Tensor:
+        perm_t: torch.Tensor, row_order: Optional[torch.Tensor] = None,
+        col_order: Optional[torch.Tensor] = None) -> torch.Tensor:
     """dx = dy W through the column-major index. dy: (M, N) -> (M, K) in dy's dtype."""
     m = dy.shape[0]
     nnz, br, bc = data.shape
@@ -116,7 +119,8 @@ def dds(dy: torch.Tensor, data: torch.Tensor, row_offsets: torch.Tensor, col_ind
 
 def sdd(dy: torch.Tensor, x: torch.Tensor, row_offsets: torch.Tensor, col_indices: torch.Tensor,
         row_indices: torch.Tensor, col_offsets_t: torch.Tensor, row_indices_t: torch.Tensor,
-        perm_t: torch.Tensor, block_shape) -> torch.Tensor:
+        perm_t: torch.Tensor, row_order: Optional[torch.Tensor], col_order: Optional[torch.Tensor],
+        block_shape) -> torch.Tensor:
     """dW_b = dyᵀ x on the kept blocks only. dy: (M, N), x: (M, K) -> [nnz, BR, BC] in x's dtype."""
     m = x.shape[0]
     br, bc = block_shape

@@ -151,6 +151,41 @@ def test_hopper_path_at_every_m(case):
 
 @pytest.mark.cuda
 @requires_kernels
+@pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the Hopper kernels run on sm_90 GPUs only")
+@pytest.mark.parametrize("case", [Case(513, 448, 320, 0.3, 64, torch.bfloat16), Case(300, 1024, 768, 0.5, 64,
+                                  torch.float16), Case(257, 640, 384, 0.5, 128, torch.bfloat16)], ids=case_id)
+def test_hopper_results_do_not_depend_on_the_line_order_or_the_tile_schedule(case):
+    """row_order / col_order only decide which lines share a tile, the tile counter only which SM computes a
+    tile: every permutation and both schedules give the same bits (each line's blocks are accumulated in the
+    same order), including odd line counts."""
+    from pytorch_block_sparse_ng import _ops
+
+    w, index, x, dy, bias, data = _product_case(case, 3)
+    previous = _ops.set_hopper_min_rows(1)
+    try:
+        expected = (OPS.dsd(x, data, bias, *index), OPS.dds(dy, data, *index))
+        assert_like_torch("dsd (pair order)", expected[0], reference.dsd(x.float(), data.float(), bias.float(), *index),
+                          F.linear(x, w.to_dense(data.float()).detach().to(case.dtype), bias))
+        generator = torch.Generator().manual_seed(5)
+        for dynamic in (True, False):
+            previous_dynamic = _ops.set_hopper_dynamic_tiles(dynamic)
+            try:
+                for row_order, col_order in ((torch.arange(w.grid[0]), torch.arange(w.grid[1])),
+                                             (torch.randperm(w.grid[0], generator=generator),
+                                              torch.randperm(w.grid[1], generator=generator)),
+                                             (w.row_order.cpu(), w.col_order.cpu())):
+                    permuted = (*index[:6], row_order.int().cuda(), col_order.int().cuda())
+                    assert torch.equal(OPS.dsd(x, data, bias, *permuted), expected[0])
+                    assert torch.equal(OPS.dds(dy, data, *permuted), expected[1])
+            finally:
+                _ops.set_hopper_dynamic_tiles(previous_dynamic)
+    finally:
+        _ops.set_hopper_min_rows(previous)
+
+
+@pytest.mark.cuda
+@requires_kernels
 @pytest.mark.parametrize("m", (1, 129, 300))
 def test_every_output_element_is_written(m):
     """Outputs are allocated uninitialised: fill a freed block of the output's size with NaN first (the
@@ -334,6 +369,10 @@ def test_shape_and_index_errors_name_the_argument():
     bad[5] = bad[5][:-1]
     with pytest.raises(ValueError, match=r"perm_t has \d+ entries but must have \d+"):
         _C.dds(torch.randn(5, 128, device="cuda", dtype=torch.float16), data, *bad)
+    bad = list(index)
+    bad[6] = bad[6][1:]
+    with pytest.raises(ValueError, match=r"row_order has 3 entries but must have 4 \(one per block row\)"):
+        _C.dsd(x, data, None, *bad)
     with pytest.raises(ValueError, match=r"block_shape=\(32, 16\) is not supported"):
         _C.sdd(torch.randn(5, 128, device="cuda", dtype=torch.float16), x, *index, [32, 16])
     with pytest.raises(ValueError, match=r"must have the same number of rows"):
@@ -367,6 +406,8 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
     assert _ops.set_hopper_min_rows(previous) == 512
     previous = _ops.set_hopper_sdd_min_blocks_per_row(5)
     assert _ops.set_hopper_sdd_min_blocks_per_row(previous) == 5
+    previous = _ops.set_hopper_dynamic_tiles(False)
+    assert _ops.set_hopper_dynamic_tiles(previous) is False
     with pytest.raises(ValueError, match="rows=0 must be >= 1"):
         _ops.set_hopper_min_rows(0)
     with pytest.raises(ValueError, match="blocks=-1 must be >= 0"):

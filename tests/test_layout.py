@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pytorch_block_sparse_ng import BlockSparseMatrix
-from pytorch_block_sparse_ng.layout import INDEX_NAMES, indices_from_block_mask
+from pytorch_block_sparse_ng.layout import INDEX_NAMES, ORDER_NAMES, indices_from_block_mask, line_orders, pair_order
 
 MASK = torch.tensor([[0, 1, 0, 1],
                      [0, 0, 0, 0],  # an empty block row
@@ -26,6 +26,62 @@ def test_indices_of_a_known_mask():
     for name in INDEX_NAMES:
         assert idx[name].dtype == torch.int32, name
         assert idx[name].tolist() == expected[name], name
+
+
+def _union_tiles(mask, order):
+    """Activation tiles loaded by a kernel that takes the rows two at a time in ``order``."""
+    pairs = order.long().view(-1, 2) if order.numel() % 2 == 0 else order[:-1].long().view(-1, 2)
+    tiles = (mask[pairs[:, 0]] | mask[pairs[:, 1]]).sum()
+    return int(tiles) + (int(mask[order[-1].long()].sum()) if order.numel() % 2 else 0)
+
+
+def test_pair_order_puts_overlapping_rows_side_by_side():
+    mask = torch.tensor([[1, 0, 1, 0],
+                         [0, 1, 0, 1],
+                         [0, 0, 0, 0],
+                         [1, 0, 1, 1],
+                         [0, 1, 0, 0]], dtype=torch.bool)
+    order = pair_order(mask)
+    assert order.dtype == torch.int32
+    # Most blocks first: row 3 pairs with row 0 (2 shared columns), row 1 with row 4, the empty row 2 last.
+    assert order.tolist() == [3, 0, 1, 4, 2]
+    # Odd count: the row left alone (here the empty row 0) comes last, after the pairs in the order of their rows.
+    assert pair_order(torch.cat([torch.zeros(1, 4, dtype=torch.bool), mask[[0, 1, 3, 4]]])).tolist() == [3, 1, 2, 4, 0]
+    assert pair_order(torch.zeros(0, 3, dtype=torch.bool)).tolist() == []
+    assert pair_order(torch.ones(2, 3, dtype=torch.bool)).tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("density", [0.1, 0.25, 0.5, 0.9])
+@pytest.mark.parametrize("grid", [(64, 64), (65, 40), (16, 128)])
+def test_pair_order_is_a_permutation_that_shares_more_tiles(grid, density):
+    mask = torch.rand(grid, generator=torch.Generator().manual_seed(grid[0] + int(100 * density))) < density
+    order = pair_order(mask)
+    assert torch.equal(torch.sort(order.long()).values, torch.arange(grid[0]))
+    identity = torch.arange(grid[0], dtype=torch.int32)
+    assert _union_tiles(mask, order) <= _union_tiles(mask, identity)
+    if density <= 0.5 and grid[0] >= 64:  # measured 6-15 % fewer tiles on such patterns
+        assert _union_tiles(mask, order) < 0.97 * _union_tiles(mask, identity)
+    orders = line_orders(mask)
+    assert torch.equal(orders["col_order"], pair_order(mask.T)) and torch.equal(orders["row_order"], order)
+
+
+def test_orders_follow_the_pattern_but_are_not_saved():
+    gen = torch.Generator().manual_seed(3)
+    a = BlockSparseMatrix.randn((256, 128), density=0.3, block_shape=(16, 16), generator=gen)
+    b = BlockSparseMatrix.randn((256, 128), density=0.3, block_shape=(16, 16), generator=gen)
+    assert not set(a.state_dict()) & set(ORDER_NAMES)
+    assert not torch.equal(a.row_order, b.row_order)
+    b.load_state_dict(a.state_dict())
+    assert torch.equal(a.row_order, b.row_order) and torch.equal(a.col_order, b.col_order)
+    row_order = b.row_order
+    new_mask = torch.rand(b.grid, generator=gen).flatten().argsort().argsort().view(b.grid) < b.nnz_blocks
+    b.update_pattern(new_mask)
+    assert b.row_order is row_order  # updated in place
+    assert torch.equal(b.row_order, pair_order(new_mask)) and torch.equal(b.col_order, pair_order(new_mask.T))
+    b.validate()
+    b.row_order.fill_(0)
+    with pytest.raises(ValueError, match="row_order must be an int32 permutation of range"):
+        b.validate()
 
 
 def _random_mask(n_rows, n_cols, p, seed):
@@ -128,7 +184,7 @@ def test_module_conversions_keep_int32_indices():
         assert converted.data.dtype != torch.float32
         assert all(converted.get_buffer(name).dtype == torch.int32 for name in INDEX_NAMES)
     assert [n for n, _ in m.named_parameters()] == ["data"]
-    assert sorted(n for n, _ in m.named_buffers()) == sorted(INDEX_NAMES)
+    assert sorted(n for n, _ in m.named_buffers()) == sorted(INDEX_NAMES + ORDER_NAMES)
 
 
 def test_state_dict_round_trip_restores_pattern_and_values():

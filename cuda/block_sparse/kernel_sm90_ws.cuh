@@ -9,7 +9,10 @@
 // tokens-as-M would sit at the shared-memory limit).
 //
 // A tile: 256 tokens x 128 output features. One CTA per SM walks tiles (feature group fastest, so the CTAs in
-// flight share activation rows in L2) with three warpgroups. Warpgroup 0 (one thread) issues the TMA loads,
+// flight share activation rows in L2) with three warpgroups: its first tile is blockIdx.x, the next ones it
+// takes from a global counter when its producer is ready for them (tiles differ in cost with the lines'
+// block counts; a fixed round-robin left SMs idle at the end), and hands each tile's number to the consumers
+// through a small mbarrier queue in shared memory. Warpgroup 0 (one thread) issues the TMA loads,
 // running ahead into the next tile while the consumers finish the current one; the two consumer warpgroups own
 // 64 features each:
 //   block 64:  consumer h owns line 2g + h. The producer merges the two lines' sorted block lists, so an
@@ -60,6 +63,7 @@ struct Config {
   static_assert(Block == 64 || Block == 128, "blocks of 64 or 128");
   static constexpr int kLinesPerTile = Block == 64 ? 2 : 1;
   static constexpr int kTokens = 256, kFeatures = 128, BK = 64, kStages = 3;
+  static constexpr int kTileSlots = 4;  // tile numbers the producer may hand out ahead of the consumers
   static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
   static constexpr cute::GMMA::Major MajorA = TransposeW ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
   using SmemLayoutA = decltype(cute::tile_to_shape(
@@ -90,6 +94,9 @@ struct Config {
     uint64_t full[kStages];
     uint64_t empty[kStages];
     int flags[kStages];  // bit h: consumer h has a W tile in this stage; bit 2: last stage of its tile
+    uint64_t tile_full[kTileSlots];
+    uint64_t tile_empty[kTileSlots];
+    int tile_ids[kTileSlots];  // >= n_tiles: no more tiles
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + alignment slack
 };
@@ -103,6 +110,9 @@ struct KernelParams {
   const int32_t* offsets;
   const int32_t* keys;
   const int32_t* slots;
+  const int32_t* order;  // [n_lines]: the permutation of the lines that pairs them into tiles (block 64)
+  int* tile_counter;     // zeroed before the launch: tiles handed out past the first gridDim.x; nullptr: every
+                         // CTA takes tiles blockIdx.x + k * gridDim.x
   const void* bias;  // (n_lines * B,) or nullptr
   int n_lines;
   int n_groups;      // tiles along the features: ceil(n_lines * B / 128)
@@ -157,11 +167,25 @@ __device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, i
   }
 }
 
-// The lines of feature group g: the first and their count (the last group may have fewer).
+// The lines of tile group g and their count: block 64, entries 2g and 2g + 1 of the order (the last group of
+// an odd number of lines has one); block 128, line g.
 template <class Cfg>
-__device__ __forceinline__ void group_lines(const KernelParams& p, int group, int& first, int& count) {
-  first = group * Cfg::kLinesPerTile;
-  count = min(Cfg::kLinesPerTile, p.n_lines - first);
+__device__ __forceinline__ int group_lines(const KernelParams& p, int group, int (&line)[2]) {
+  if constexpr (Cfg::kLinesPerTile == 1) {
+    line[0] = line[1] = group;
+    return 1;
+  } else {
+    const int first = group * 2;
+    const int count = min(2, p.n_lines - first);
+    line[0] = __ldg(p.order + first);
+    line[1] = count == 2 ? __ldg(p.order + first + 1) : line[0];
+    return count;
+  }
+}
+
+// The producer's next tile after `tile`: from the counter (dynamic) or round-robin.
+__device__ __forceinline__ int next_tile(const KernelParams& p, int tile) {
+  return p.tile_counter != nullptr ? int(gridDim.x) + atomicAdd(p.tile_counter, 1) : tile + int(gridDim.x);
 }
 
 template <class Cfg>
@@ -179,14 +203,22 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
     ++it;
     return s;
   };
-  for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
+  int tile = blockIdx.x;
+  for (int n = 0;; ++n) {
+    // Hand the tile to the consumers (a number >= n_tiles tells them to stop).
+    const int q = n % Cfg::kTileSlots;
+    Barrier::wait(&sh.tile_empty[q], ((n / Cfg::kTileSlots) & 1) ^ 1);
+    sh.tile_ids[q] = tile;
+    Barrier::arrive(&sh.tile_full[q]);
+    if (tile >= p.n_tiles) break;
+    const int following = next_tile(p, tile);  // asked now: the atomic's latency overlaps this tile's loads
     const int group = tile % p.n_groups, token0 = tile / p.n_groups * Cfg::kTokens;
-    int line0, lines;
-    group_lines<Cfg>(p, group, line0, lines);
+    int line[2];
+    const int lines = group_lines<Cfg>(p, group, line);
     if constexpr (B == 64) {
-      int e0 = __ldg(p.offsets + line0), end0 = __ldg(p.offsets + line0 + 1);
+      int e0 = __ldg(p.offsets + line[0]), end0 = __ldg(p.offsets + line[0] + 1);
       int e1 = 0, end1 = 0;
-      if (lines == 2) e1 = __ldg(p.offsets + line0 + 1), end1 = __ldg(p.offsets + line0 + 2);
+      if (lines == 2) e1 = __ldg(p.offsets + line[1]), end1 = __ldg(p.offsets + line[1] + 1);
       while (e0 < end0 || e1 < end1) {
         const int k0 = e0 < end0 ? __ldg(p.keys + e0) : INT_MAX;
         const int k1 = e1 < end1 ? __ldg(p.keys + e1) : INT_MAX;
@@ -202,7 +234,7 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
         if (has1) tma_load_2d(sh.stages[s].w[1], &p.data_map, &sh.full[s], 0, slot1 * B);
       }
     } else {
-      const int begin = __ldg(p.offsets + line0), end = __ldg(p.offsets + line0 + 1);
+      const int begin = __ldg(p.offsets + line[0]), end = __ldg(p.offsets + line[0] + 1);
       for (int e = begin; e < end; ++e) {
         const int key = __ldg(p.keys + e), slot = slot_of(e);
         for (int half = 0; half < 2; ++half) {
@@ -220,6 +252,7 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
         }
       }
     }
+    tile = following;
   }
 }
 
@@ -233,7 +266,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
   extern __shared__ char smem_raw[];
   auto& sh = aligned_shared_storage<typename Cfg::SharedStorage>(smem_raw);
   const int warpgroup = threadIdx.x / 128;
-  init_pipeline<S>(sh.full, sh.empty, 256);
+  if (threadIdx.x == 0) {
+    for (int q = 0; q < Cfg::kTileSlots; ++q) {
+      Barrier::init(&sh.tile_full[q], 1);
+      Barrier::init(&sh.tile_empty[q], 256);
+    }
+  }
+  init_pipeline<S>(sh.full, sh.empty, 256);  // its fence covers the inits above (same thread)
   __syncthreads();
 
   if (warpgroup == 0) {
@@ -256,12 +295,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
   Tensor out_src = thr_store.retile_S(out_values);
 
   int it = 0;
-  for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
+  for (int n = 0;; ++n) {
+    const int q = n % Cfg::kTileSlots;
+    Barrier::wait(&sh.tile_full[q], (n / Cfg::kTileSlots) & 1);
+    const int tile = *reinterpret_cast<volatile int*>(&sh.tile_ids[q]);
+    Barrier::arrive(&sh.tile_empty[q]);
+    if (tile >= p.n_tiles) break;
     const int group = tile % p.n_groups, token0 = tile / p.n_groups * Cfg::kTokens;
-    int line0, lines;
-    group_lines<Cfg>(p, group, line0, lines);
+    int line[2];
+    const int lines = group_lines<Cfg>(p, group, line);
     clear(acc);
-    if (__ldg(p.offsets + line0 + lines) > __ldg(p.offsets + line0)) {  // else the producer made no stage
+    const bool any_block = __ldg(p.offsets + line[0] + 1) > __ldg(p.offsets + line[0]) ||
+                           (lines == 2 && __ldg(p.offsets + line[1] + 1) > __ldg(p.offsets + line[1]));
+    if (any_block) {  // else the producer made no stage
       int pending = -1;  // stage whose wgmma may still be reading shared memory
       for (;; ++it) {
         const int s = it % S;
@@ -295,7 +341,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
     }
 
     // Epilogue of consumer h: features feature0 .. + 63 (none past the last line).
-    const int feature0 = group * Cfg::kFeatures + h * 64;
+    const int feature0 = B == 64 ? (h == 0 ? line[0] : line[1]) * 64 : line[0] * 128 + h * 64;  // no local array
     if (h < lines * (B == 64 ? 1 : 2)) {
       if (tid == 0) tma_store_wait_read();  // the previous tile's store has left sh.out[h]
       cutlass::arch::NamedBarrier::sync(128, 1 + h);
@@ -345,8 +391,8 @@ inline cudaError_t encode_2d_map(CUtensorMap* map, CUtensorMapDataType dtype, co
 // act (M, n_other * B), data [nnz, B, B] (nnz >= 1), out (M, n_lines * B); one CTA per SM (`sms`).
 template <class Cfg>
 cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, int64_t nnz, const int32_t* offsets,
-                   const int32_t* keys, const int32_t* slots, int n_lines, const void* bias, void* out, int sms,
-                   cudaStream_t stream) {
+                   const int32_t* keys, const int32_t* slots, const int32_t* order, int* tile_counter, int n_lines,
+                   const void* bias, void* out, int sms, cudaStream_t stream) {
   if (m == 0 || n_lines == 0) return cudaSuccess;
   constexpr int B = Cfg::Block;
   const CUtensorMapDataType dtype = std::is_same<typename Cfg::T, cute::half_t>::value
@@ -366,6 +412,8 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
   p.offsets = offsets;
   p.keys = keys;
   p.slots = slots;
+  p.order = order;
+  p.tile_counter = tile_counter;
   p.bias = bias;
   p.n_lines = n_lines;
   p.n_groups = int(groups);
@@ -380,15 +428,16 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
 // The launch for blocks of 64 or 128 (others: cudaErrorInvalidValue).
 template <class T, bool TransposeW>
 cudaError_t launch_for_block(int block, const void* act, int64_t m, int n_other, const void* data, int64_t nnz,
-                             const int32_t* offsets, const int32_t* keys, const int32_t* slots, int n_lines,
-                             const void* bias, void* out, int sms, cudaStream_t stream) {
+                             const int32_t* offsets, const int32_t* keys, const int32_t* slots, const int32_t* order,
+                             int* tile_counter, int n_lines, const void* bias, void* out, int sms,
+                             cudaStream_t stream) {
   switch (block) {
     case 64:
-      return launch<Config<T, 64, TransposeW>>(act, m, n_other, data, nnz, offsets, keys, slots, n_lines, bias,
-                                               out, sms, stream);
+      return launch<Config<T, 64, TransposeW>>(act, m, n_other, data, nnz, offsets, keys, slots, order,
+                                               tile_counter, n_lines, bias, out, sms, stream);
     case 128:
-      return launch<Config<T, 128, TransposeW>>(act, m, n_other, data, nnz, offsets, keys, slots, n_lines, bias,
-                                                out, sms, stream);
+      return launch<Config<T, 128, TransposeW>>(act, m, n_other, data, nnz, offsets, keys, slots, order,
+                                                tile_counter, n_lines, bias, out, sms, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -23,6 +23,8 @@ struct DsdParams {
   float* y_f32;             // (M, N) fp32, zeroed (splits > 1)
   const int32_t* row_offsets;  // [R + 1]
   const int32_t* col_indices;  // [nnz]
+  const int32_t* row_order;    // [R] a permutation of the block rows: the Hopper kernel pairs 2i and 2i + 1
+  int* tile_counter;           // Hopper kernel: one zeroed int32 (dynamic tile scheduling) or nullptr
   int64_t m;
   int64_t nnz;
   int n_block_rows;         // R = N / B
@@ -40,6 +42,8 @@ struct DdsParams {
   const int32_t* col_offsets_t;  // [C + 1]
   const int32_t* row_indices_t;  // [nnz]
   const int32_t* perm_t;         // [nnz]
+  const int32_t* col_order;      // [C] a permutation of the block columns: the Hopper kernel pairs 2i and 2i + 1
+  int* tile_counter;             // Hopper kernel: one zeroed int32 (dynamic tile scheduling) or nullptr
   int64_t m;
   int64_t nnz;
   int n_block_rows;

@@ -12,7 +12,7 @@
     if (p.splits != 1 || p.nnz < 1) return cudaErrorInvalidValue;                                          \
     return sm90ws::launch_for_block<sm80::ElementFor<DTYPE>::type, false>(                                 \
         p.block, p.x, p.m, p.n_block_cols, p.data, p.nnz, p.row_offsets, p.col_indices, nullptr,           \
-        p.n_block_rows, p.bias, p.y, p.sms, stream);                                                       \
+        p.row_order, p.tile_counter, p.n_block_rows, p.bias, p.y, p.sms, stream);                          \
   }                                                                                                        \
   }
 
@@ -23,7 +23,7 @@
     if (p.nnz < 1) return cudaErrorInvalidValue;                                                           \
     return sm90ws::launch_for_block<sm80::ElementFor<DTYPE>::type, true>(                                  \
         p.block, p.dy, p.m, p.n_block_rows, p.data, p.nnz, p.col_offsets_t, p.row_indices_t, p.perm_t,    \
-        p.n_block_cols, nullptr, p.dx, p.sms, stream);                                                     \
+        p.col_order, p.tile_counter, p.n_block_cols, nullptr, p.dx, p.sms, stream);                        \
   }                                                                                                        \
   }
 

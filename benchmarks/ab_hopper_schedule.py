@@ -1,0 +1,76 @@
+"""A/B timing of the Hopper dsd / dds scheduling choices, interleaved so that clock drift hits both sides.
+
+    python benchmarks/ab_hopper_schedule.py [--rounds 5] [--shape 8192x4096x4096]
+
+Variants per (block, density), on a fresh random pattern each round:
+  pair+dyn  the pattern's row_order / col_order (layout.pair_order) and tiles from the counter (default)
+  pair+rr   the same orders, tiles dealt round-robin
+  id+dyn    lines in natural order, tiles from the counter
+Each round times every variant once (median of 30 CUDA-event timings) in a rotating order; the table gives
+the median over rounds of each variant's time and its ratio to pair+dyn of the same round, and the spread
+(max / min over rounds) of pair+dyn itself. Also the host time per call of the binding at M = 256.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from pytorch_block_sparse_ng import BlockSparseMatrix  # noqa: E402
+from pytorch_block_sparse_ng import _C, _ops  # noqa: E402
+
+from bench_linear import time_ms  # noqa: E402
+from bench_ops import per_call_us  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shape", default="8192x4096x4096")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--blocks", default="64,128")
+    parser.add_argument("--densities", default="0.1,0.25,0.5,1.0")
+    args = parser.parse_args()
+    m, k, n = (int(v) for v in args.shape.split("x"))
+    dtype = torch.bfloat16
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    dy = torch.randn(m, n, device="cuda", dtype=dtype)
+    print(f"{torch.cuda.get_device_name()} bf16 M={m} K={k} N={n}, {args.rounds} rounds")
+    names = ("pair+dyn", "pair+rr", "id+dyn")
+    for block in (int(b) for b in args.blocks.split(",")):
+        for density in (float(d) for d in args.densities.split(",")):
+            for op in ("dsd", "dds"):
+                times = {name: [] for name in names}
+                for r in range(args.rounds):
+                    mat = BlockSparseMatrix.randn((n, k), density=density, block_shape=(block, block), dtype=dtype,
+                                                  device="cuda")
+                    data, index = mat.data.detach(), mat.indices()
+                    natural = (*index[:6], torch.arange(mat.grid[0], device="cuda", dtype=torch.int32),
+                               torch.arange(mat.grid[1], device="cuda", dtype=torch.int32))
+                    run = {"dsd": lambda idx: _C.dsd(x, data, None, *idx), "dds": lambda idx: _C.dds(dy, data, *idx)}[op]
+                    variants = {"pair+dyn": (index, True), "pair+rr": (index, False), "id+dyn": (natural, True)}
+                    for name in names[r % 3:] + names[:r % 3]:
+                        idx, dynamic = variants[name]
+                        previous = _ops.set_hopper_dynamic_tiles(dynamic)
+                        times[name].append(time_ms(lambda: run(idx)))
+                        _ops.set_hopper_dynamic_tiles(previous)
+                base = times["pair+dyn"]
+                cells = [f"{name} {statistics.median(t):.4f} ms ({statistics.median(a / b for a, b in zip(t, base)):.3f})"
+                         for name, t in times.items()]
+                print(f"block {block:3d} density {density:4.2f} {op}: " + "  ".join(cells)
+                      + f"  spread {max(base) / min(base):.3f}", flush=True)
+    mat = BlockSparseMatrix.randn((4096, 4096), density=0.5, block_shape=(64, 64), dtype=dtype, device="cuda")
+    data, index = mat.data.detach(), mat.indices()
+    xs = torch.randn(256, 4096, device="cuda", dtype=dtype)
+    for dynamic in (True, False, True, False):
+        previous = _ops.set_hopper_dynamic_tiles(dynamic)
+        print(f"host time per _C.dsd call, M=256 4096x4096 block 64 d=0.5, dynamic={dynamic}: "
+              f"{per_call_us(lambda: _C.dsd(xs, data, None, *index)):.1f} us")
+        _ops.set_hopper_dynamic_tiles(previous)
+
+
+if __name__ == "__main__":
+    main()
