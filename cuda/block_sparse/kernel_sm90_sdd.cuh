@@ -1,8 +1,9 @@
 // sdd (dW_b = dy_r^T x_c on the kept blocks, reduced over the M tokens) on Hopper: TMA loads, an mbarrier
 // pipeline and warp-specialized wgmma (sm_90a). Shares the TMA / tensor-map helpers of kernel_sm90_ws.cuh.
 //
-// One CTA: one block row r and a chunk of its kept blocks, over a range of 64-token steps (the whole M, or a
-// split of it whose fp32 partial sums are added atomically). Each consumer warpgroup computes a 64 x 256 tile
+// One CTA: one block row r and a chunk of its kept blocks (full chunks first, then the partial ones from the
+// largest, see the slot rule below), over a range of 64-token steps (the whole M, or a split of it whose fp32
+// partial sums are added atomically). Each consumer warpgroup computes a 64 x 256 tile
 // with 64 x 256 x 16 wgmma, tokens being the reduction:
 //   block 64:  chunk of 8 blocks; consumer h owns blocks 4h .. 4h+3 (N = 4 x 64), both share the dy tile A;
 //   block 128: chunk of 2 blocks; consumer h owns features 64h .. 64h+63 of the row, both share the x tiles
@@ -69,6 +70,7 @@ struct KernelParams {
   float* out_f32;      // [nnz, B, B] fp32, zeroed (splits > 1)
   int64_t m;
   int splits;
+  int full_slots;      // n_block_cols / kChunk: grid.y = full_slots + kChunk - 1
 };
 
 template <class Cfg>
@@ -83,10 +85,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_cons
   auto& sh = sm90ws::aligned_shared_storage<typename Cfg::SharedStorage>(smem_raw);
 
   const int row = blockIdx.x;
-  const int row_end = __ldg(p.row_offsets + row + 1);
-  const int begin = __ldg(p.row_offsets + row) + int(blockIdx.y) * Cfg::kChunk;
-  if (begin >= row_end) return;  // this row has fewer chunks (uniform for the whole CTA)
-  const int count = min(Cfg::kChunk, row_end - begin);
+  const int row_begin = __ldg(p.row_offsets + row), row_blocks = __ldg(p.row_offsets + row + 1) - row_begin;
+  const int full_chunks = row_blocks / Cfg::kChunk, rest = row_blocks % Cfg::kChunk;
+  // Slot y < full_slots: full chunk y of the row; slot full_slots + i: the row's partial chunk if it has
+  // kChunk - 1 - i blocks. The hardware hands out CTAs in order of y, so all full chunks go first and the
+  // partial ones by decreasing size: the longest-job-first order that keeps the last wave short (Nsight,
+  // block 64 density 0.5: SMs were active 76 % of the time with chunks in row order).
+  const int slot = int(blockIdx.y);
+  int begin, count;
+  if (slot < p.full_slots) {
+    if (slot >= full_chunks) return;  // uniform for the whole CTA
+    begin = row_begin + slot * Cfg::kChunk;
+    count = Cfg::kChunk;
+  } else {
+    if (rest == 0 || rest != Cfg::kChunk - 1 - (slot - p.full_slots)) return;
+    begin = row_begin + full_chunks * Cfg::kChunk;
+    count = rest;
+  }
   // This CTA's token steps.
   const int steps = int((p.m + BK - 1) / BK);
   const int per_split = (steps + p.splits - 1) / p.splits;
@@ -208,9 +223,10 @@ cudaError_t launch(const void* dy, const void* x, int64_t m, int n_block_rows, i
   p.out_f32 = out_f32;
   p.m = m;
   p.splits = splits;
+  p.full_slots = n_block_cols / Cfg::kChunk;
   err = sm80::prepare<sdd_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  dim3 grid(unsigned(n_block_rows), unsigned((n_block_cols + Cfg::kChunk - 1) / Cfg::kChunk), unsigned(splits));
+  dim3 grid(unsigned(n_block_rows), unsigned(p.full_slots + Cfg::kChunk - 1), unsigned(splits));
   sdd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
