@@ -3,7 +3,8 @@
 Times y = x Wᵀ + b (forward) and a training step (forward + grad input + grad weight + grad bias) with CUDA
 events: median of --reps timings after warm-up. The training step is timed twice: in eager mode ("train", what
 a plain training loop sees, host time included) and replayed from a CUDA graph of --graph-steps steps
-("train_graph", the GPU time: at low density the eager step is bound by Python and launch time). Decode shapes
+("train_graph", the GPU time: at low density the eager step is bound by Python and launch time); the forward
+likewise ("forward" eager, "forward_graph" replayed from a CUDA graph of --graph-calls calls). Decode shapes
 (M = 1, 16) are timed as a CUDA graph of --graph-calls forward calls, reported per call. Peers, when
 importable: PyTorch BSR (torch.sparse._triton_ops.bsr_dense_mm, forward only) and STK (stanford-stk, block
 128: dds for the forward, dds + dds + sdd for the training step).
@@ -128,6 +129,10 @@ def run(args):
             record(**common, method="dense", block=0, density=1.0, phase="forward", ms=dense_fwd, speedup=1.0)
             dense_train = None
             if not decode:
+                with torch.no_grad():
+                    dense_fwd_graph = time_graph_ms(lambda: F.linear(x, w, b), args.graph_calls, args.reps)
+                record(**common, method="dense", block=0, density=1.0, phase="forward_graph", ms=dense_fwd_graph,
+                       speedup=1.0)
                 def dense_step():
                     y = F.linear(xg, w, b)
                     torch.autograd.grad(y, (xg, w, b), dy)
@@ -156,6 +161,10 @@ def run(args):
                         record(**common, method="ours_sm80", block=block, density=density, phase="forward",
                                ms=fwd80, speedup=dense_fwd / fwd80)
                     if not decode:
+                        with torch.no_grad():
+                            fwd_graph = time_graph_ms(lambda: layer(x), args.graph_calls, args.reps)
+                        record(**common, method="ours", block=block, density=density, phase="forward_graph",
+                               ms=fwd_graph, speedup=dense_fwd_graph / fwd_graph)
                         params = (xg, layer.weight.data, layer.bias)
 
                         def step():
@@ -219,7 +228,8 @@ def run(args):
 def markdown(gpu, records, args):
     lines = [f"# BlockSparseLinear vs dense on {gpu}", "",
              f"torch {torch.__version__}, CUDA {torch.version.cuda}; median of {args.reps} CUDA-event timings; "
-             f"decode shapes per call inside a CUDA graph of {args.graph_calls} calls; train_graph: the training "
+             f"decode shapes per call inside a CUDA graph of {args.graph_calls} calls; forward_graph: the forward "
+             f"replayed from a CUDA graph of {args.graph_calls} calls; train_graph: the training "
              f"step replayed from a CUDA graph of {args.graph_steps} steps (GPU time, no host overhead). Cells: "
              "speedup over dense F.linear in the same dtype (time in ms).", ""]
     keys = sorted({(r["dtype"], r["m"], r["k"], r["n"]) for r in records}, key=lambda t: (t[0], -t[1] * t[2] * t[3]))

@@ -43,9 +43,10 @@ def test_pair_order_puts_overlapping_rows_side_by_side():
                          [0, 1, 0, 0]], dtype=torch.bool)
     order = pair_order(mask)
     assert order.dtype == torch.int32
-    # Most blocks first: row 3 pairs with row 0 (2 shared columns), row 1 with row 4, the empty row 2 last.
+    # Most blocks first: row 3 pairs with row 0 (2 shared columns, union 3), row 1 with row 4 (union 2), the
+    # empty row 2 last.
     assert order.tolist() == [3, 0, 1, 4, 2]
-    # Odd count: the row left alone (here the empty row 0) comes last, after the pairs in the order of their rows.
+    # Odd count: the row left alone (here the empty row 0) comes last, after the pairs, largest union first.
     assert pair_order(torch.cat([torch.zeros(1, 4, dtype=torch.bool), mask[[0, 1, 3, 4]]])).tolist() == [3, 1, 2, 4, 0]
     assert pair_order(torch.zeros(0, 3, dtype=torch.bool)).tolist() == []
     assert pair_order(torch.ones(2, 3, dtype=torch.bool)).tolist() == [0, 1]
