@@ -65,7 +65,9 @@ def time_graph_ms(fn, calls, reps):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # Capture on the warmed stream: cuBLAS keeps a workspace per stream, and one first asked for during
+    # capture may change what dense runs (dense was measured slower in graphs than eager; session 5).
+    with torch.cuda.graph(graph, stream=stream):
         for _ in range(calls):
             fn()
     return time_ms(graph.replay, 3, reps) / calls

@@ -186,6 +186,48 @@ def test_hopper_results_do_not_depend_on_the_line_order_or_the_tile_schedule(cas
 
 @pytest.mark.cuda
 @requires_kernels
+@pytest.mark.parametrize("block", BLOCKS)
+def test_training_step_replays_from_a_cuda_graph(block):
+    """Forward and backward captured in one CUDA graph (no host sync, no index allocation; the Hopper kernels'
+    tile counters are re-zeroed by memset nodes at every replay) give the eager results on new inputs."""
+    from pytorch_block_sparse_ng import _ops
+
+    layer = BlockSparseLinear(512, 384, density=0.4, block_shape=(block, block), device="cuda", dtype=torch.bfloat16,
+                              generator=torch.Generator().manual_seed(3))
+    x = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(300, 384, device="cuda", dtype=torch.bfloat16)
+    params = (x, layer.weight.data, layer.bias)
+
+    def step():
+        y = layer(x)
+        return (y,) + torch.autograd.grad(y, params, dy)
+
+    previous = _ops.set_hopper_min_rows(1)  # the Hopper kernels at M = 300 where the GPU has them
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step()  # warm-up outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            captured = step()
+        generator = torch.Generator(device="cuda").manual_seed(11)
+        for _ in range(2):
+            with torch.no_grad():
+                x.copy_(torch.randn(x.shape, device="cuda", generator=generator))
+                dy.copy_(torch.randn(dy.shape, device="cuda", generator=generator))
+            graph.replay()
+            for name, got, want in zip(("y", "grad x", "grad blocks", "grad bias"), captured, step()):
+                # sdd may split its reduction over CUDA atomics: not bitwise reproducible, one bf16 ulp apart
+                scale = want.float().abs().max().item()
+                torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=2 ** -7 * scale, msg=name)
+    finally:
+        _ops.set_hopper_min_rows(previous)
+
+
+@pytest.mark.cuda
+@requires_kernels
 @pytest.mark.parametrize("m", (1, 129, 300))
 def test_every_output_element_is_written(m):
     """Outputs are allocated uninitialised: fill a freed block of the output's size with NaN first (the
