@@ -15,7 +15,8 @@
 // through a small mbarrier queue in shared memory. Warpgroup 0 (one thread) issues the TMA loads,
 // running ahead into the next tile while the consumers finish the current one; the two consumer warpgroups own
 // 64 features each:
-//   block 64:  consumer h owns line 2g + h. The producer merges the two lines' sorted block lists, so an
+//   block 64:  consumer h owns line order[2g + h] (layout.pair_order puts lines that share many blocks side by
+//              side, largest union first). The producer merges the two lines' sorted block lists, so an
 //              activation tile needed by both lines is loaded once; the consumer whose line lacks that block
 //              skips the wgmma.
 //   block 128: both consumers share line g (features 0-63 and 64-127 of the block row), each block in two
