@@ -6,8 +6,8 @@ Variants per (block, density), on a fresh random pattern each round:
   pair+dyn  the pattern's row_order / col_order (layout.pair_order) and tiles from the counter (default)
   pair+rr   the same orders, tiles dealt round-robin
   id+dyn    lines in natural order, tiles from the counter
-  lpt+dyn   the same pairs as pair+dyn, ordered by their union (activation tiles) largest first, tiles from the
-            counter (longest job first within each token tile)
+(Pairs ordered by first row instead of largest union first, the other variant measured in session 5, is in
+benchmarks/results/ab_hopper_schedule_lpt_*.txt; pair_order now does the latter.)
 Each round times every variant once (median of 30 CUDA-event timings) in a rotating order; the table gives
 the median over rounds of each variant's time and its ratio to pair+dyn of the same round, and the spread
 (max / min over rounds) of pair+dyn itself. Also the host time per call of the binding at M = 256.
@@ -29,17 +29,6 @@ from bench_linear import time_ms  # noqa: E402
 from bench_ops import per_call_us  # noqa: E402
 
 
-def by_union(order, mask):
-    """The pairs of `order` (entries 2i, 2i + 1; an odd last entry stays last) sorted by union size, largest
-    first."""
-    order = order.cpu().long()
-    n_pairs = order.numel() // 2
-    pairs = order[:2 * n_pairs].view(n_pairs, 2)
-    union = (mask[pairs[:, 0]] | mask[pairs[:, 1]]).sum(1)
-    ranked = pairs[torch.sort(union, descending=True, stable=True).indices].flatten()
-    return torch.cat([ranked, order[2 * n_pairs:]]).int().cuda()
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="8192x4096x4096")
@@ -52,7 +41,7 @@ def main():
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     dy = torch.randn(m, n, device="cuda", dtype=dtype)
     print(f"{torch.cuda.get_device_name()} bf16 M={m} K={k} N={n}, {args.rounds} rounds")
-    names = ("pair+dyn", "pair+rr", "id+dyn", "lpt+dyn")
+    names = ("pair+dyn", "pair+rr", "id+dyn")
     for block in (int(b) for b in args.blocks.split(",")):
         for density in (float(d) for d in args.densities.split(",")):
             for op in ("dsd", "dds"):
@@ -64,10 +53,7 @@ def main():
                     natural = (*index[:6], torch.arange(mat.grid[0], device="cuda", dtype=torch.int32),
                                torch.arange(mat.grid[1], device="cuda", dtype=torch.int32))
                     run = {"dsd": lambda idx: _C.dsd(x, data, None, *idx), "dds": lambda idx: _C.dds(dy, data, *idx)}[op]
-                    mask = mat.block_mask().cpu()
-                    lpt = (*index[:6], by_union(index[6], mask), by_union(index[7], mask.T))
-                    variants = {"pair+dyn": (index, True), "pair+rr": (index, False), "id+dyn": (natural, True),
-                                "lpt+dyn": (lpt, True)}
+                    variants = {"pair+dyn": (index, True), "pair+rr": (index, False), "id+dyn": (natural, True)}
                     shift = r % len(names)
                     for name in names[shift:] + names[:shift]:
                         idx, dynamic = variants[name]

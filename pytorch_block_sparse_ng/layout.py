@@ -162,8 +162,10 @@ def pair_order(block_mask: torch.Tensor) -> torch.Tensor:
     # The pairs by the tiles they load (their union), largest first: the kernels take tiles from a counter, so
     # this is longest-job-first within each token tile (measured 1 % faster on an H100 than pairs in row
     # order); a row left alone stays last.
-    unions = {pair: int(mask[list(pair)].amax(0).sum()) for pair in pairs}
-    pairs.sort(key=lambda pair: (len(pair) == 1, -unions[pair], min(pair)))
+    def union(pair):
+        return float(sizes[pair[0]] + sizes[pair[1]] - overlap[pair]) if len(pair) == 2 else float(sizes[pair[0]])
+
+    pairs.sort(key=lambda pair: (len(pair) == 1, -union(pair), min(pair)))
     order = [row for pair in pairs for row in pair]
     return torch.tensor(order, dtype=_INDEX_DTYPE, device=block_mask.device)
 
