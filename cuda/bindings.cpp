@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -276,10 +278,13 @@ at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& r
   return dx;
 }
 
-at::Tensor sdd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_offsets,
-               const at::Tensor& col_indices, const at::Tensor& row_indices, const at::Tensor& col_offsets_t,
-               const at::Tensor& row_indices_t, const at::Tensor& perm_t, const at::Tensor& row_order,
-               const at::Tensor& col_order, std::vector<int64_t> block_shape) {
+// Returns (dW_b, the bias gradient dy.sum(0) when with_bias, else None). The Hopper sdd sums dy in its own
+// pipeline (no extra pass over dy); the SM80 path leaves the sum to ATen.
+std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_offsets, const at::Tensor& col_indices,
+    const at::Tensor& row_indices, const at::Tensor& col_offsets_t, const at::Tensor& row_indices_t,
+    const at::Tensor& perm_t, const at::Tensor& row_order, const at::Tensor& col_order,
+    std::vector<int64_t> block_shape, bool with_bias) {
   check_operand(dy, 2, kSdd, "dy");
   check_operand(x, 2, kSdd, "x");
   check_same_device(x, dy, kSdd, "x", "dy");
@@ -317,14 +322,19 @@ at::Tensor sdd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_
     }
   }
   splits = std::min<int64_t>(splits, 65535);
-  at::Tensor out, out_f32;
-  if (splits > 1) {
-    out_f32 = at::zeros({nnz, block, block}, dy.options().dtype(at::kFloat));
+  const bool fused_bias = with_bias && hopper;
+  const int64_t size = nnz * block * block;
+  at::Tensor out, bias_grad, sums_f32;
+  if (splits > 1) {  // one zeroed fp32 buffer: the blocks, then the bias gradient
+    sums_f32 = at::zeros({size + (fused_bias ? n : 0)}, dy.options().dtype(at::kFloat));
   } else {
     out = at::empty({nnz, block, block}, dy.options());
+    if (fused_bias) bias_grad = at::empty({n}, dy.options());
   }
-  SddParams p{dy.data_ptr(), x.data_ptr(), splits > 1 ? nullptr : out.data_ptr(),
-              splits > 1 ? out_f32.data_ptr<float>() : nullptr, row_offsets.data_ptr<int32_t>(),
+  float* f32 = splits > 1 ? sums_f32.data_ptr<float>() : nullptr;
+  SddParams p{dy.data_ptr(), x.data_ptr(), splits > 1 ? nullptr : out.data_ptr(), f32,
+              fused_bias && splits == 1 ? bias_grad.data_ptr() : nullptr,
+              fused_bias && splits > 1 ? f32 + size : nullptr, row_offsets.data_ptr<int32_t>(),
               row_indices.data_ptr<int32_t>(), col_indices.data_ptr<int32_t>(), m, nnz, int(pat.n_block_rows),
               int(pat.n_block_cols), block, int(splits)};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
@@ -335,7 +345,13 @@ at::Tensor sdd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_sdd_sm80<DType::kFloat16>(p, stream)
                                                  : launch_sdd_sm80<DType::kBFloat16>(p, stream), kSdd);
   }
-  return splits > 1 ? out_f32.to(dy.scalar_type()) : out;
+  if (splits > 1) {
+    out = sums_f32.narrow(0, 0, size).view({nnz, block, block}).to(dy.scalar_type());
+    if (fused_bias) bias_grad = sums_f32.narrow(0, size, n).to(dy.scalar_type());
+  }
+  std::optional<at::Tensor> bias_result;
+  if (with_bias) bias_result = fused_bias ? bias_grad : dy.sum(0);
+  return {out, bias_result};
 }
 
 // True when this build holds kernels that run on the given device (checked through the CUDA runtime).
@@ -364,10 +380,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("row_offsets"), pybind11::arg("col_indices"), pybind11::arg("row_indices"),
         pybind11::arg("col_offsets_t"), pybind11::arg("row_indices_t"), pybind11::arg("perm_t"),
         pybind11::arg("row_order"), pybind11::arg("col_order"));
-  m.def("sdd", &pbsng::sdd, "dW_b [nnz, B, B] = dy^T x on the kept blocks", pybind11::arg("dy"), pybind11::arg("x"),
-        pybind11::arg("row_offsets"), pybind11::arg("col_indices"), pybind11::arg("row_indices"),
-        pybind11::arg("col_offsets_t"), pybind11::arg("row_indices_t"), pybind11::arg("perm_t"),
-        pybind11::arg("row_order"), pybind11::arg("col_order"), pybind11::arg("block_shape"));
+  m.def("sdd", &pbsng::sdd, "(dW_b [nnz, B, B] = dy^T x on the kept blocks, dy.sum(0) if with_bias else None)",
+        pybind11::arg("dy"), pybind11::arg("x"), pybind11::arg("row_offsets"), pybind11::arg("col_indices"),
+        pybind11::arg("row_indices"), pybind11::arg("col_offsets_t"), pybind11::arg("row_indices_t"),
+        pybind11::arg("perm_t"), pybind11::arg("row_order"), pybind11::arg("col_order"),
+        pybind11::arg("block_shape"), pybind11::arg("with_bias") = false);
   m.def("device_supported", &pbsng::device_supported, "whether this build has kernels for the device",
         pybind11::arg("device"));
   m.def("set_hopper_kernels", &pbsng::set_hopper_kernels,

@@ -8,6 +8,8 @@ pair in a tile; the results do not depend on it):
 - ``dsd(x (M, K), data [nnz, B, B], bias (N,) or None, *index) -> y (M, N)``       y = x Wᵀ + bias
 - ``dds(dy (M, N), data, *index) -> dx (M, K)``                                     dx = dy W
 - ``sdd(dy (M, N), x (M, K), *index, block_shape) -> [nnz, B, B]``                  dW_b = dyᵀ x on kept blocks
+- ``sdd_with_bias_grad(dy, x, *index, block_shape) -> ([nnz, B, B], (N,))``        (dW_b, dy.sum(0)): the Hopper
+  sdd sums dy while it streams it (no extra pass over dy)
 
 Inputs are fp16 or bf16 CUDA tensors with square blocks of 32, 64 or 128 (``supports``); fp32 accumulation,
 outputs in the input dtype. The gradients are wired by ``functional.BlockSparseLinearFunction``.
@@ -17,7 +19,7 @@ Importing this module raises ImportError (quoting how the extension was built) w
 from __future__ import annotations
 
 import os
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -43,7 +45,7 @@ except ImportError as error:
     raise ImportError(f"pytorch_block_sparse_ng._C cannot be loaded ({error}); it was {describe_build()}; running "
                       f"torch {torch.__version__} (CUDA {torch.version.cuda})") from error
 
-__all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "describe_build", "set_hopper_kernels",
+__all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "sdd_with_bias_grad", "describe_build", "set_hopper_kernels",
            "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row", "set_hopper_dynamic_tiles"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
@@ -140,13 +142,27 @@ def _sdd(dy: Tensor, x: Tensor, row_offsets: Tensor, col_indices: Tensor, row_in
          col_offsets_t: Tensor, row_indices_t: Tensor, perm_t: Tensor, row_order: Tensor, col_order: Tensor,
          block_shape: List[int]) -> Tensor:
     return _C.sdd(_aligned(dy), _aligned(x), row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t,
-                  perm_t, row_order, col_order, list(block_shape))
+                  perm_t, row_order, col_order, list(block_shape), False)[0]
 
 
 @_sdd.register_fake
 def _sdd_fake(dy, x, row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t, row_order,
               col_order, block_shape):
     return x.new_empty((col_indices.shape[0], block_shape[0], block_shape[1]))
+
+
+@torch.library.custom_op("pytorch_block_sparse_ng::sdd_with_bias_grad", mutates_args=())
+def _sdd_with_bias_grad(dy: Tensor, x: Tensor, row_offsets: Tensor, col_indices: Tensor, row_indices: Tensor,
+                        col_offsets_t: Tensor, row_indices_t: Tensor, perm_t: Tensor, row_order: Tensor,
+                        col_order: Tensor, block_shape: List[int]) -> Tuple[Tensor, Tensor]:
+    return _C.sdd(_aligned(dy), _aligned(x), row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t,
+                  perm_t, row_order, col_order, list(block_shape), True)
+
+
+@_sdd_with_bias_grad.register_fake
+def _sdd_with_bias_grad_fake(dy, x, row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t,
+                             row_order, col_order, block_shape):
+    return (x.new_empty((col_indices.shape[0], block_shape[0], block_shape[1])), dy.new_empty((dy.shape[1],)))
 
 
 # ------------------------------------------------------------------------------------------------ API for backend.py
@@ -175,8 +191,17 @@ def sdd(dy: Tensor, x: Tensor, *args) -> Tensor:
     """dW_b [nnz, BR, BC] = dyᵀ x on the kept blocks. ``args`` = the eight index tensors, then block_shape."""
     *index, block_shape = args
     if _eager(x):
-        return _C.sdd(_aligned(dy), _aligned(x), *index, [int(b) for b in block_shape])
+        return _C.sdd(_aligned(dy), _aligned(x), *index, [int(b) for b in block_shape], False)[0]
     return _sdd(dy, x, *index, [int(b) for b in block_shape])
 
 
-ops = (_dsd, _dds, _sdd)  # for torch.library.opcheck in the tests
+def sdd_with_bias_grad(dy: Tensor, x: Tensor, *args) -> Tuple[Tensor, Tensor]:
+    """(dW_b [nnz, BR, BC] = dyᵀ x on the kept blocks, dy.sum(0)), in one pass over dy where the kernel can.
+    ``args`` as for ``sdd``."""
+    *index, block_shape = args
+    if _eager(x):
+        return _C.sdd(_aligned(dy), _aligned(x), *index, [int(b) for b in block_shape], True)
+    return _sdd_with_bias_grad(dy, x, *index, [int(b) for b in block_shape])
+
+
+ops = (_dsd, _dds, _sdd, _sdd_with_bias_grad)  # for torch.library.opcheck in the tests

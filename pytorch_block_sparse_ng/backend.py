@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Tuple
 
 import torch
 
 from . import _extension, reference
 
-__all__ = ["set_backend", "get_backend", "use_backend", "kernels_available", "dsd", "dds", "sdd"]
+__all__ = ["set_backend", "get_backend", "use_backend", "kernels_available", "dsd", "dds", "sdd", "sdd_with_bias_grad"]
 
 _BACKENDS = ("auto", "reference")
 _ENV_VAR = "PYTORCH_BLOCK_SPARSE_NG_BACKEND"
@@ -82,3 +82,12 @@ def sdd(dy: torch.Tensor, x: torch.Tensor, data: torch.Tensor, *index: torch.Ten
     if ops is not None:
         return ops.sdd(dy, x, *index, data.shape[1:])
     return reference.sdd(dy, x, *index, tuple(data.shape[1:]))
+
+
+def sdd_with_bias_grad(dy: torch.Tensor, x: torch.Tensor, data: torch.Tensor,
+                       *index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(sdd, dy.sum(0)): the weight and bias gradients of the layer, fused where the kernels can."""
+    ops = _kernels_for(x, data)
+    if ops is not None:
+        return ops.sdd_with_bias_grad(dy, x, *index, data.shape[1:])
+    return reference.sdd(dy, x, *index, tuple(data.shape[1:])), dy.sum(0)

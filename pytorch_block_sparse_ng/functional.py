@@ -1,8 +1,9 @@
 """The block-sparse linear product with autograd: y = x Wᵀ + bias for a ``BlockSparseMatrix`` W.
 
 One ``torch.autograd.Function`` for the whole layer: forward is ``dsd``, backward is ``dds`` (grad input)
-and ``sdd`` (grad of the kept blocks only) plus the bias sum. Every index tensor is an argument and only
-tensors are saved, so the Function holds no module and is safe for ``torch.compile`` and DDP.
+and ``sdd`` (grad of the kept blocks only) with the bias sum (fused into the sdd kernel where it can). Every
+index tensor is an argument and only tensors are saved, so the Function holds no module and is safe for
+``torch.compile`` and DDP.
 """
 
 from __future__ import annotations
@@ -31,8 +32,13 @@ class BlockSparseLinearFunction(torch.autograd.Function):
         x, data, *index = ctx.saved_tensors
         grad_output = grad_output.contiguous()
         grad_x = backend.dds(grad_output, data, *index) if ctx.needs_input_grad[0] else None
-        grad_data = backend.sdd(grad_output, x, data, *index) if ctx.needs_input_grad[1] else None
-        grad_bias = grad_output.sum(0) if ctx.needs_input_grad[2] else None
+        grad_data = grad_bias = None
+        if ctx.needs_input_grad[1] and ctx.needs_input_grad[2]:  # one pass over grad_output for both
+            grad_data, grad_bias = backend.sdd_with_bias_grad(grad_output, x, data, *index)
+        elif ctx.needs_input_grad[1]:
+            grad_data = backend.sdd(grad_output, x, data, *index)
+        elif ctx.needs_input_grad[2]:
+            grad_bias = grad_output.sum(0)
         return (grad_x, grad_data, grad_bias) + (None,) * len(index)
 
 

@@ -90,6 +90,11 @@ def _check_products(label, case, w, index, x, dy, bias, data):
     torch_dw = (dy.t() @ x).reshape(w.grid[0], case.block, w.grid[1], case.block).transpose(1, 2)[
         w.row_indices.long(), w.col_indices.long()]
     assert_like_torch(f"sdd ({label})", dw, reference.sdd(dy.float(), x.float(), *index, block), torch_dw)
+    # The bias gradient fused into the (Hopper) sdd, or summed beside it.
+    dw_fused, db = OPS.sdd_with_bias_grad(dy, x, *index, block)
+    assert_like_torch(f"sdd with bias ({label})", dw_fused, reference.sdd(dy.float(), x.float(), *index, block),
+                      torch_dw)
+    assert_like_torch(f"bias gradient ({label})", db, dy.float().sum(0), dy.sum(0))
 
 
 @pytest.mark.cuda
@@ -250,6 +255,14 @@ def test_every_output_element_is_written(m):
     assert max_err(dx, reference.dds(dy.float(), data.float(), *index)) < 0.05
     dw = poisoned(tuple(data.shape), lambda: OPS.sdd(dy, x, *index, (64, 64)))
     assert max_err(dw, reference.sdd(dy.float(), x.float(), *index, (64, 64))) < 0.05 * max(1, m) ** 0.5
+    from pytorch_block_sparse_ng import _ops
+
+    previous = _ops.set_hopper_sdd_min_blocks_per_row(0)  # the Hopper sdd (M >= 256), which writes the bias
+    try:
+        _, db = poisoned((512,), lambda: OPS.sdd_with_bias_grad(dy, x, *index, (64, 64)))
+    finally:
+        _ops.set_hopper_sdd_min_blocks_per_row(previous)
+    assert max_err(db, dy.float().sum(0)) < 0.05 * max(1, m) ** 0.5
 
 
 @pytest.mark.cuda
@@ -312,6 +325,12 @@ def test_opcheck(dtype):
     torch.library.opcheck(_ops._dsd, (x, data, None, *index))
     torch.library.opcheck(_ops._dds, (dy, data, *index))
     torch.library.opcheck(_ops._sdd, (dy, x, *index, [64, 64]))
+    torch.library.opcheck(_ops._sdd_with_bias_grad, (dy, x, *index, [64, 64]))
+    previous = _ops.set_hopper_min_rows(1)  # the Hopper sdd where the GPU has it: the bias sum is fused
+    try:
+        torch.library.opcheck(_ops._sdd_with_bias_grad, (dy, x, *index, [64, 64]))
+    finally:
+        _ops.set_hopper_min_rows(previous)
 
 
 @pytest.mark.cuda

@@ -61,6 +61,29 @@ def test_gradcheck_float64():
     assert torch.autograd.gradcheck(lambda x: layer(x), (x,))
 
 
+@pytest.mark.parametrize("trainable", ["weight", "bias", "both"])
+def test_frozen_weight_or_bias_gets_no_gradient(trainable, generator):
+    """The backward computes the weight and bias gradients together (one fused pass where the kernels can) or
+    alone: each one only when asked for."""
+    layer = BlockSparseLinear(64, 48, density=0.5, block_shape=(16, 16), generator=generator, dtype=torch.float64)
+    dense = _masked_dense_reference(layer)
+    layer.weight.data.requires_grad_(trainable in ("weight", "both"))
+    layer.bias.requires_grad_(trainable in ("bias", "both"))
+    x = torch.randn(5, 64, dtype=torch.float64)
+    grad_y = torch.randn(5, 48, dtype=torch.float64)
+    layer(x).backward(grad_y)
+    dense(x).backward(grad_y)
+    if trainable == "bias":
+        assert layer.weight.data.grad is None
+    else:
+        torch.testing.assert_close(layer.weight.to_dense(layer.weight.data.grad),
+                                   dense.weight.grad * layer.weight.element_mask())
+    if trainable == "weight":
+        assert layer.bias.grad is None
+    else:
+        torch.testing.assert_close(layer.bias.grad, dense.bias.grad)
+
+
 def test_density_zero_outputs_the_bias_and_zero_input_gradient():
     layer = BlockSparseLinear(64, 32, density=0.0, block_shape=(16, 16))
     x = torch.randn(4, 64, requires_grad=True)

@@ -12,6 +12,12 @@
 // allows for 16-bit types. Missing blocks of a partial chunk leave their columns unloaded: their results are
 // not stored.
 //
+// Bias gradient (optional, fused): the CTA holding a row's first chunk also sums that row's dy tiles over its
+// tokens with a 64 x 8 x 16 wgmma against a tile of ones (A is the dy^T tile already in shared memory, so the
+// sum costs no memory traffic and 1/32 of the tensor-core work); rows without blocks get a CTA of their own in
+// one extra slot that loads only dy. Block 64: consumer 0 sums (both consumers share A); block 128: each
+// consumer sums its half of the row's features.
+//
 // Constraints: sm_90a only; fp16 / bf16; blocks 64 and 128; 16-byte aligned activations.
 #pragma once
 
@@ -26,6 +32,14 @@ template <> struct GmmaAtom<cute::half_t> {
 };
 template <> struct GmmaAtom<cute::bfloat16_t> {
   using type = cute::SM90_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::MN>;
+};
+// dy^T tile (64 features x BK tokens, MN-major) times a BK x 8 tile of ones: every column is the row sum.
+template <class T> struct GmmaSumAtom;
+template <> struct GmmaSumAtom<cute::half_t> {
+  using type = cute::SM90_64x8x16_F32F16F16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::K>;
+};
+template <> struct GmmaSumAtom<cute::bfloat16_t> {
+  using type = cute::SM90_64x8x16_F32BF16BF16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::K>;
 };
 
 template <class T_, int Block_, int BK_ = 64>
@@ -47,6 +61,9 @@ struct Config {
                                                    cute::make_shape(cute::Int<256>{}, cute::Int<BK>{}),
                                                    cute::Step<cute::_2, cute::_1>{}));
   using TiledMma = decltype(cute::make_tiled_mma(typename GmmaAtom<T>::type{}));
+  using SumMma = decltype(cute::make_tiled_mma(typename GmmaSumAtom<T>::type{}));
+  using SmemLayoutOnes = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_INTER_Atom<T>{},
+                                                      cute::make_shape(cute::Int<8>{}, cute::Int<BK>{})));
   static constexpr int kBoxBytes = 64 * BK * int(sizeof(T));
 
   struct alignas(1024) Stage {
@@ -55,6 +72,7 @@ struct Config {
   };
   struct SharedStorage {
     Stage stages[kStages];
+    alignas(128) T ones[8 * BK];  // B of the bias-gradient sum
     uint64_t full[kStages];
     uint64_t empty[kStages];
   };
@@ -68,10 +86,97 @@ struct KernelParams {
   const int32_t* col_indices;
   void* out;           // [nnz, B, B] in T (splits == 1)
   float* out_f32;      // [nnz, B, B] fp32, zeroed (splits > 1)
+  void* bias_grad;     // (N,) in T (splits == 1), or nullptr
+  float* bias_grad_f32;  // (N,) fp32, zeroed (splits > 1), or nullptr
   int64_t m;
   int splits;
-  int full_slots;      // n_block_cols / kChunk: grid.y = full_slots + kChunk - 1
+  int full_slots;      // n_block_cols / kChunk: grid.y = full_slots + kChunk - 1 (+ 1 with the bias gradient)
+  bool with_bias;
 };
+
+// One consumer warpgroup h: the mainloop over the CTA's token steps and the stores. kBlocks: the chunk's
+// blocks (count > 0); kSum: this warpgroup also sums its dy^T tile (the bias gradient).
+template <class Cfg, bool kBlocks, bool kSum>
+__device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::SharedStorage& sh, int h, int row,
+                                        int begin, int count, int n_steps) {
+  using namespace cute;
+  using T = typename Cfg::T;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  constexpr int S = Cfg::kStages, B = Cfg::Block;
+  const int tid = threadIdx.x % 128;
+  typename Cfg::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(tid);
+  Tensor acc = partition_fragment_C(mma, Shape<_64, _256>{});
+  clear(acc);
+  typename Cfg::SumMma sum_mma;
+  auto thr_sum = sum_mma.get_thread_slice(tid);
+  Tensor bias_acc = partition_fragment_C(sum_mma, Shape<_64, _8>{});
+  clear(bias_acc);
+  Tensor tSrOnes = thr_sum.make_fragment_B(thr_sum.partition_B(
+      make_tensor(make_smem_ptr(sh.ones), typename Cfg::SmemLayoutOnes{})));
+  const int a_tile = B == 64 ? 0 : h, b_tile = B == 64 ? h : 0;
+  int pending = -1;
+  for (int it = 0; it < n_steps; ++it) {
+    const int s = it % S;
+    Barrier::wait(&sh.full[s], (it / S) & 1);
+    Tensor sA = make_tensor(make_smem_ptr(sh.stages[s].a[a_tile]), typename Cfg::SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(sh.stages[s].b[b_tile]), typename Cfg::SmemLayoutB{});
+    warpgroup_fence_operand(acc);
+    warpgroup_fence_operand(bias_acc);
+    warpgroup_arrive();
+    if constexpr (kBlocks) {
+      gemm(mma, thr_mma.make_fragment_A(thr_mma.partition_A(sA)), thr_mma.make_fragment_B(thr_mma.partition_B(sB)),
+           acc);
+    }
+    if constexpr (kSum) gemm(sum_mma, thr_sum.make_fragment_A(thr_sum.partition_A(sA)), tSrOnes, bias_acc);
+    warpgroup_commit_batch();
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(acc);
+    warpgroup_fence_operand(bias_acc);
+    if (pending >= 0) Barrier::arrive(&sh.empty[pending]);
+    pending = s;
+  }
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(acc);
+  warpgroup_fence_operand(bias_acc);
+
+  if constexpr (kSum) {  // every column of bias_acc holds the sum: column 0 is stored
+    Tensor bias_coord = thr_sum.partition_C(make_identity_tensor(Shape<_64, _8>{}));
+    CUTE_UNROLL
+    for (int i = 0; i < size(bias_acc); ++i) {
+      if (get<1>(bias_coord(i)) == 0) {
+        const int feature = row * B + a_tile * 64 + get<0>(bias_coord(i));
+        if (p.splits == 1) {
+          static_cast<T*>(p.bias_grad)[feature] = T(bias_acc(i));
+        } else {
+          atomicAdd(p.bias_grad_f32 + feature, bias_acc(i));
+        }
+      }
+    }
+  }
+  if constexpr (!kBlocks) return;
+
+  // Store: accumulator (f, n) -> block j = n / B' of the chunk, element (f', k) of it.
+  Tensor coord = thr_mma.partition_C(make_identity_tensor(Shape<_64, _256>{}));
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) {
+    const int f = get<0>(coord(i)), n = get<1>(coord(i));
+    int j, fb, kb;
+    if constexpr (B == 64) {
+      j = 4 * h + n / 64, fb = f, kb = n % 64;
+    } else {
+      j = n / 128, fb = 64 * h + f, kb = n % 128;
+    }
+    if (j < count) {
+      const int64_t offset = (int64_t(begin) + j) * B * B + fb * B + kb;
+      if (p.splits == 1) {
+        static_cast<T*>(p.out)[offset] = T(acc(i));
+      } else {
+        atomicAdd(p.out_f32 + offset, acc(i));
+      }
+    }
+  }
+}
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_constant__ KernelParams p) {
@@ -91,16 +196,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_cons
   // kChunk - 1 - i blocks. The hardware hands out CTAs in order of y, so all full chunks go first and the
   // partial ones by decreasing size: the longest-job-first order that keeps the last wave short (Nsight,
   // block 64 density 0.5: SMs were active 76 % of the time with chunks in row order).
+  // With the bias gradient, slot full_slots + kChunk - 1 serves rows without blocks (count 0: dy only), and the
+  // CTA of a row's first chunk sums its dy.
   const int slot = int(blockIdx.y);
-  int begin, count;
-  if (slot < p.full_slots) {
-    if (slot >= full_chunks) return;  // uniform for the whole CTA
+  int begin = row_begin, count = 0;
+  bool sums_bias;
+  if (slot == p.full_slots + Cfg::kChunk - 1) {
+    if (row_blocks != 0) return;  // uniform for the whole CTA
+    sums_bias = true;
+  } else if (slot < p.full_slots) {
+    if (slot >= full_chunks) return;
     begin = row_begin + slot * Cfg::kChunk;
     count = Cfg::kChunk;
+    sums_bias = p.with_bias && slot == 0;
   } else {
     if (rest == 0 || rest != Cfg::kChunk - 1 - (slot - p.full_slots)) return;
     begin = row_begin + full_chunks * Cfg::kChunk;
     count = rest;
+    sums_bias = p.with_bias && full_chunks == 0;
   }
   // This CTA's token steps.
   const int steps = int((p.m + BK - 1) / BK);
@@ -113,6 +226,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_cons
 
   const int warpgroup = threadIdx.x / 128;
   sm90ws::init_pipeline<S>(sh.full, sh.empty, 128 * active_consumers);
+  if (sums_bias) {
+    for (int i = threadIdx.x; i < 8 * BK; i += Cfg::kThreads) sh.ones[i] = T(1.0f);
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read next by wgmma
+  }
   __syncthreads();
 
   if (warpgroup == 0) {
@@ -149,53 +266,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_cons
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<232>();
-  const int h = warpgroup - 1, tid = threadIdx.x % 128;
+  const int h = warpgroup - 1;
   if (h >= active_consumers) return;
 
-  typename Cfg::TiledMma mma;
-  auto thr_mma = mma.get_thread_slice(tid);
-  Tensor acc = partition_fragment_C(mma, Shape<_64, _256>{});
-  clear(acc);
-  const int a_tile = B == 64 ? 0 : h, b_tile = B == 64 ? h : 0;
-  int pending = -1;
-  for (int it = 0; it < n_steps; ++it) {
-    const int s = it % S;
-    Barrier::wait(&sh.full[s], (it / S) & 1);
-    Tensor sA = make_tensor(make_smem_ptr(sh.stages[s].a[a_tile]), typename Cfg::SmemLayoutA{});
-    Tensor sB = make_tensor(make_smem_ptr(sh.stages[s].b[b_tile]), typename Cfg::SmemLayoutB{});
-    Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));
-    Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));
-    warpgroup_fence_operand(acc);
-    warpgroup_arrive();
-    gemm(mma, tCrA, tCrB, acc);
-    warpgroup_commit_batch();
-    warpgroup_wait<1>();
-    warpgroup_fence_operand(acc);
-    if (pending >= 0) Barrier::arrive(&sh.empty[pending]);
-    pending = s;
-  }
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(acc);
-
-  // Store: accumulator (f, n) -> block j = n / B' of the chunk, element (f', k) of it.
-  Tensor coord = thr_mma.partition_C(make_identity_tensor(Shape<_64, _256>{}));
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc); ++i) {
-    const int f = get<0>(coord(i)), n = get<1>(coord(i));
-    int j, fb, kb;
-    if constexpr (B == 64) {
-      j = 4 * h + n / 64, fb = f, kb = n % 64;
-    } else {
-      j = n / 128, fb = 64 * h + f, kb = n % 128;
-    }
-    if (j < count) {
-      const int64_t offset = (int64_t(begin) + j) * B * B + fb * B + kb;
-      if (p.splits == 1) {
-        static_cast<T*>(p.out)[offset] = T(acc(i));
-      } else {
-        atomicAdd(p.out_f32 + offset, acc(i));
-      }
-    }
+  // Each combination its own straight-line mainloop: a wgmma under a runtime condition inside the loop makes
+  // ptxas serialize the wgmmas (C7520).
+  const bool my_bias = sums_bias && (B == 128 || h == 0);
+  if (count == 0) {
+    consume<Cfg, false, true>(p, sh, h, row, begin, count, n_steps);
+  } else if (my_bias) {
+    consume<Cfg, true, true>(p, sh, h, row, begin, count, n_steps);
+  } else {
+    consume<Cfg, true, false>(p, sh, h, row, begin, count, n_steps);
   }
 #else
   __trap();
@@ -204,8 +286,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_cons
 
 template <class Cfg>
 cudaError_t launch(const void* dy, const void* x, int64_t m, int n_block_rows, int n_block_cols,
-                   const int32_t* row_offsets, const int32_t* col_indices, void* out, float* out_f32, int splits,
-                   cudaStream_t stream) {
+                   const int32_t* row_offsets, const int32_t* col_indices, void* out, float* out_f32,
+                   void* bias_grad, float* bias_grad_f32, int splits, cudaStream_t stream) {
   if (n_block_rows == 0) return cudaSuccess;
   constexpr int B = Cfg::Block;
   const CUtensorMapDataType dtype = std::is_same<typename Cfg::T, cute::half_t>::value
@@ -222,11 +304,15 @@ cudaError_t launch(const void* dy, const void* x, int64_t m, int n_block_rows, i
   p.out = out;
   p.out_f32 = out_f32;
   p.m = m;
+  p.bias_grad = bias_grad;
+  p.bias_grad_f32 = bias_grad_f32;
+  p.with_bias = bias_grad != nullptr || bias_grad_f32 != nullptr;
   p.splits = splits;
   p.full_slots = n_block_cols / Cfg::kChunk;
   err = sm80::prepare<sdd_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  dim3 grid(unsigned(n_block_rows), unsigned(p.full_slots + Cfg::kChunk - 1), unsigned(splits));
+  dim3 grid(unsigned(n_block_rows), unsigned(p.full_slots + Cfg::kChunk - 1 + (p.with_bias ? 1 : 0)),
+            unsigned(splits));
   sdd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
@@ -234,7 +320,7 @@ cudaError_t launch(const void* dy, const void* x, int64_t m, int n_block_rows, i
 template <class Cfg>
 cudaError_t launch_config(const SddParams& p, cudaStream_t stream) {
   return launch<Cfg>(p.dy, p.x, p.m, p.n_block_rows, p.n_block_cols, p.row_offsets, p.col_indices, p.out,
-                     p.out_f32, p.splits, stream);
+                     p.out_f32, p.bias_grad, p.bias_grad_f32, p.splits, stream);
 }
 
 }  // namespace sm90sdd

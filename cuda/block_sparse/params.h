@@ -54,12 +54,15 @@ struct DdsParams {
 
 // dW_b [nnz, B, B] = dy^T x on the kept blocks, reduced over M. One CTA per (kept block, split of M).
 // With splits > 1 the partial sums are added atomically into `out_f32` (zeroed by the caller), else written
-// to `out` in the input dtype.
+// to `out` in the input dtype. The Hopper sdd also sums dy over M (the bias gradient) when given
+// `bias_grad` / `bias_grad_f32` (same rule); the SM80 one ignores them.
 struct SddParams {
   const void* dy;           // (M, N)
   const void* x;            // (M, K)
   void* out;                // [nnz, B, B] in the input dtype (splits == 1)
   float* out_f32;           // [nnz, B, B] fp32, zeroed (splits > 1)
+  void* bias_grad;          // (N,) in the input dtype (splits == 1), or nullptr
+  float* bias_grad_f32;     // (N,) fp32, zeroed (splits > 1), or nullptr
   const int32_t* row_offsets;  // [R + 1]
   const int32_t* row_indices;  // [nnz]
   const int32_t* col_indices;  // [nnz]
