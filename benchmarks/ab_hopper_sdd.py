@@ -1,0 +1,67 @@
+"""A/B timing of the Hopper sdd choices, interleaved so that clock drift hits both sides.
+
+    python benchmarks/ab_hopper_sdd.py [--rounds 5] [--shape 8192x4096x4096]
+
+Variants per (block, density), on a fresh random pattern each round:
+  sdd+bias    the bias gradient summed inside the sdd (sdd_with_bias_grad, what the layer's backward calls)
+  sdd         the sdd op alone
+  sdd,sum     the sdd, then dy.sum(0) as a separate kernel (what the layer did before the fusion)
+(A "split tail" variant, partial chunks run as two halves of M, measured in session 6 and dropped, is in
+benchmarks/results/ab_hopper_sdd_split_tail_*.txt as split+bias / whole+bias / split / split,sum.)
+Each round times every variant once (median of 30 CUDA-event timings) in a rotating order; the table gives the
+median over rounds of each variant's time and its ratio to sdd+bias of the same round, and the spread
+(max / min over rounds) of sdd+bias itself.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from pytorch_block_sparse_ng import BlockSparseMatrix  # noqa: E402
+from pytorch_block_sparse_ng import _C  # noqa: E402
+
+from bench_linear import time_ms  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shape", default="8192x4096x4096")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--blocks", default="64,128")
+    parser.add_argument("--densities", default="0.1,0.25,0.5,1.0")
+    args = parser.parse_args()
+    m, k, n = (int(v) for v in args.shape.split("x"))
+    dtype = torch.bfloat16
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    dy = torch.randn(m, n, device="cuda", dtype=dtype)
+    print(f"{torch.cuda.get_device_name()} bf16 M={m} K={k} N={n}, {args.rounds} rounds")
+    names = ("sdd+bias", "sdd", "sdd,sum")
+    for block in (int(b) for b in args.blocks.split(",")):
+        for density in (float(d) for d in args.densities.split(",")):
+            times = {name: [] for name in names}
+            for r in range(args.rounds):
+                mat = BlockSparseMatrix.randn((n, k), density=density, block_shape=(block, block), dtype=dtype,
+                                              device="cuda")
+                index, shape = mat.indices(), [block, block]
+                variants = {
+                    "sdd+bias": lambda: _C.sdd(dy, x, *index, shape, True),
+                    "sdd": lambda: _C.sdd(dy, x, *index, shape, False),
+                    "sdd,sum": lambda: (_C.sdd(dy, x, *index, shape, False), dy.sum(0)),
+                }
+                shift = r % len(names)
+                for name in names[shift:] + names[:shift]:
+                    times[name].append(time_ms(variants[name]))
+            base = times["sdd+bias"]
+            cells = [f"{name} {statistics.median(t):.4f} ms ({statistics.median(a / b for a, b in zip(t, base)):.3f})"
+                     for name, t in times.items()]
+            print(f"block {block:3d} density {density:4.2f} sdd: " + "  ".join(cells)
+                  + f"  spread {max(base) / min(base):.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
