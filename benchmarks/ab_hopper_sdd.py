@@ -13,7 +13,6 @@ median over rounds of each variant's time and its ratio to sdd+bias of the same 
 (max / min over rounds) of sdd+bias itself.
 """
 
-import argparse
 import os
 import statistics
 import sys
@@ -25,24 +24,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from pytorch_block_sparse_ng import BlockSparseMatrix  # noqa: E402
 from pytorch_block_sparse_ng import _C  # noqa: E402
 
-from bench_linear import time_ms  # noqa: E402
+from bench_linear import ab_setup, time_ms  # noqa: E402
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--shape", default="8192x4096x4096")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--blocks", default="64,128")
-    parser.add_argument("--densities", default="0.1,0.25,0.5,1.0")
-    args = parser.parse_args()
-    m, k, n = (int(v) for v in args.shape.split("x"))
-    dtype = torch.bfloat16
-    x = torch.randn(m, k, device="cuda", dtype=dtype)
-    dy = torch.randn(m, n, device="cuda", dtype=dtype)
-    print(f"{torch.cuda.get_device_name()} bf16 M={m} K={k} N={n}, {args.rounds} rounds")
+    args, x, dy = ab_setup(__doc__, rounds=5)
+    k, n, dtype = args.k, args.n, torch.bfloat16
     names = ("sdd+bias", "sdd", "sdd,sum")
-    for block in (int(b) for b in args.blocks.split(",")):
-        for density in (float(d) for d in args.densities.split(",")):
+    for block in args.blocks:
+        for density in args.densities:
             times = {name: [] for name in names}
             for r in range(args.rounds):
                 mat = BlockSparseMatrix.randn((n, k), density=density, block_shape=(block, block), dtype=dtype,

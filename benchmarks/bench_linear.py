@@ -56,6 +56,24 @@ def time_ms(fn, warmup=5, reps=30):
     return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
+def ab_setup(description, rounds=5):
+    """The command line shared by the interleaved A/B scripts (--shape, --rounds, --blocks, --densities), parsed,
+    and the bf16 activations x (M, K) and dy (M, N) they time on."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--shape", default="8192x4096x4096")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--blocks", default="64,128")
+    parser.add_argument("--densities", default="0.1,0.25,0.5,1.0")
+    args = parser.parse_args()
+    args.m, args.k, args.n = (int(v) for v in args.shape.split("x"))
+    args.blocks = [int(b) for b in args.blocks.split(",")]
+    args.densities = [float(d) for d in args.densities.split(",")]
+    x = torch.randn(args.m, args.k, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(args.m, args.n, device="cuda", dtype=torch.bfloat16)
+    print(f"{torch.cuda.get_device_name()} bf16 M={args.m} K={args.k} N={args.n}, {args.rounds} rounds")
+    return args, x, dy
+
+
 def time_graph_ms(fn, calls, reps):
     """Per-call time of fn() replayed `calls` times inside one CUDA graph."""
     stream = torch.cuda.Stream()
