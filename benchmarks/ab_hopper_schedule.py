@@ -14,7 +14,6 @@ the median over rounds of each variant's time and its ratio to pair+dyn of the s
 """
 
 import os
-import statistics
 import sys
 
 import torch
@@ -24,37 +23,37 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from pytorch_block_sparse_ng import BlockSparseMatrix  # noqa: E402
 from pytorch_block_sparse_ng import _C, _ops  # noqa: E402
 
-from bench_linear import ab_setup, time_ms  # noqa: E402
+from bench_linear import ab_setup, interleaved_times, ratio_report  # noqa: E402
 from bench_ops import per_call_us  # noqa: E402
 
 
 def main():
     args, x, dy = ab_setup(__doc__, rounds=5)
-    k, n, dtype = args.k, args.n, torch.bfloat16
-    names = ("pair+dyn", "pair+rr", "id+dyn")
+    dtype = torch.bfloat16
+
+    def with_dynamic_tiles(dynamic, fn):
+        def run():
+            previous = _ops.set_hopper_dynamic_tiles(dynamic)
+            try:
+                fn()
+            finally:
+                _ops.set_hopper_dynamic_tiles(previous)
+        return run
+
     for block in args.blocks:
         for density in args.densities:
             for op in ("dsd", "dds"):
-                times = {name: [] for name in names}
-                for r in range(args.rounds):
-                    mat = BlockSparseMatrix.randn((n, k), density=density, block_shape=(block, block), dtype=dtype,
-                                                  device="cuda")
+                def variants(mat):
                     data, index = mat.data.detach(), mat.indices()
                     natural = (*index[:6], torch.arange(mat.grid[0], device="cuda", dtype=torch.int32),
                                torch.arange(mat.grid[1], device="cuda", dtype=torch.int32))
                     run = {"dsd": lambda idx: _C.dsd(x, data, None, *idx), "dds": lambda idx: _C.dds(dy, data, *idx)}[op]
-                    variants = {"pair+dyn": (index, True), "pair+rr": (index, False), "id+dyn": (natural, True)}
-                    shift = r % len(names)
-                    for name in names[shift:] + names[:shift]:
-                        idx, dynamic = variants[name]
-                        previous = _ops.set_hopper_dynamic_tiles(dynamic)
-                        times[name].append(time_ms(lambda: run(idx)))
-                        _ops.set_hopper_dynamic_tiles(previous)
-                base = times["pair+dyn"]
-                cells = [f"{name} {statistics.median(t):.4f} ms ({statistics.median(a / b for a, b in zip(t, base)):.3f})"
-                         for name, t in times.items()]
-                print(f"block {block:3d} density {density:4.2f} {op}: " + "  ".join(cells)
-                      + f"  spread {max(base) / min(base):.3f}", flush=True)
+                    return {"pair+dyn": with_dynamic_tiles(True, lambda: run(index)),
+                            "pair+rr": with_dynamic_tiles(False, lambda: run(index)),
+                            "id+dyn": with_dynamic_tiles(True, lambda: run(natural))}
+
+                times = interleaved_times(args, block, density, variants)
+                print(ratio_report(f"block {block:3d} density {density:4.2f} {op}", times), flush=True)
     mat = BlockSparseMatrix.randn((4096, 4096), density=0.5, block_shape=(64, 64), dtype=dtype, device="cuda")
     data, index = mat.data.detach(), mat.indices()
     xs = torch.randn(256, 4096, device="cuda", dtype=dtype)

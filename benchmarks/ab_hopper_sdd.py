@@ -14,43 +14,27 @@ median over rounds of each variant's time and its ratio to sdd+bias of the same 
 """
 
 import os
-import statistics
 import sys
-
-import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from pytorch_block_sparse_ng import BlockSparseMatrix  # noqa: E402
 from pytorch_block_sparse_ng import _C  # noqa: E402
 
-from bench_linear import ab_setup, time_ms  # noqa: E402
+from bench_linear import ab_setup, interleaved_times, ratio_report  # noqa: E402
 
 
 def main():
     args, x, dy = ab_setup(__doc__, rounds=5)
-    k, n, dtype = args.k, args.n, torch.bfloat16
-    names = ("sdd+bias", "sdd", "sdd,sum")
     for block in args.blocks:
         for density in args.densities:
-            times = {name: [] for name in names}
-            for r in range(args.rounds):
-                mat = BlockSparseMatrix.randn((n, k), density=density, block_shape=(block, block), dtype=dtype,
-                                              device="cuda")
+            def variants(mat):
                 index, shape = mat.indices(), [block, block]
-                variants = {
-                    "sdd+bias": lambda: _C.sdd(dy, x, *index, shape, True),
-                    "sdd": lambda: _C.sdd(dy, x, *index, shape, False),
-                    "sdd,sum": lambda: (_C.sdd(dy, x, *index, shape, False), dy.sum(0)),
-                }
-                shift = r % len(names)
-                for name in names[shift:] + names[:shift]:
-                    times[name].append(time_ms(variants[name]))
-            base = times["sdd+bias"]
-            cells = [f"{name} {statistics.median(t):.4f} ms ({statistics.median(a / b for a, b in zip(t, base)):.3f})"
-                     for name, t in times.items()]
-            print(f"block {block:3d} density {density:4.2f} sdd: " + "  ".join(cells)
-                  + f"  spread {max(base) / min(base):.3f}", flush=True)
+                return {"sdd+bias": lambda: _C.sdd(dy, x, *index, shape, True),
+                        "sdd": lambda: _C.sdd(dy, x, *index, shape, False),
+                        "sdd,sum": lambda: (_C.sdd(dy, x, *index, shape, False), dy.sum(0))}
+
+            times = interleaved_times(args, block, density, variants)
+            print(ratio_report(f"block {block:3d} density {density:4.2f} sdd", times), flush=True)
 
 
 if __name__ == "__main__":

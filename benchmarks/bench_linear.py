@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from pytorch_block_sparse_ng import BlockSparseLinear, backend  # noqa: E402
+from pytorch_block_sparse_ng import BlockSparseLinear, BlockSparseMatrix, backend  # noqa: E402
 
 SHAPES = ((8192, 4096, 4096), (16384, 1024, 4096), (6144, 3072, 768))  # (M tokens, in_features, out_features)
 DECODE = ((1, 4096, 4096), (16, 4096, 4096))
@@ -72,6 +72,30 @@ def ab_setup(description, rounds=5):
     dy = torch.randn(args.m, args.n, device="cuda", dtype=torch.bfloat16)
     print(f"{torch.cuda.get_device_name()} bf16 M={args.m} K={args.k} N={args.n}, {args.rounds} rounds")
     return args, x, dy
+
+
+def interleaved_times(args, block, density, variants_for):
+    """The rounds of an A/B: each round draws a fresh random bf16 (N, K) pattern `mat`, takes {name: fn} from
+    variants_for(mat) and times every fn once (time_ms), in an order rotating by round so that clock drift hits
+    every variant alike. Returns {name: [ms, one per round]}."""
+    times = {}
+    for r in range(args.rounds):
+        mat = BlockSparseMatrix.randn((args.n, args.k), density=density, block_shape=(block, block),
+                                      dtype=torch.bfloat16, device="cuda")
+        variants = list(variants_for(mat).items())
+        shift = r % len(variants)
+        for name, fn in variants[shift:] + variants[:shift]:
+            times.setdefault(name, []).append(time_ms(fn))
+    return times
+
+
+def ratio_report(label, times):
+    """One line: each variant's median time and median ratio to the first variant of the same round, and the
+    first variant's spread (max / min over rounds)."""
+    base = next(iter(times.values()))
+    cells = [f"{name} {statistics.median(t):.4f} ms ({statistics.median(a / b for a, b in zip(t, base)):.3f})"
+             for name, t in times.items()]
+    return f"{label}: " + "  ".join(cells) + f"  spread {max(base) / min(base):.3f}"
 
 
 def time_graph_ms(fn, calls, reps):
