@@ -1,11 +1,13 @@
-"""A/B timing of the Hopper dsd / dds scheduling choices, interleaved so that clock drift hits both sides.
+"""A/B timing of the Hopper dsd / dds scheduling and pipeline choices, interleaved so that clock drift hits both sides.
 
     python benchmarks/ab_hopper_schedule.py [--rounds 5] [--shape 8192x4096x4096]
 
 Variants per (block, density), on a fresh random pattern each round:
-  pair+dyn  the pattern's row_order / col_order (layout.pair_order) and tiles from the counter (default)
+  pair+dyn  the pattern's row_order / col_order (layout.pair_order), tiles from the counter and 4 pipeline
+            stages (default)
   pair+rr   the same orders, tiles dealt round-robin
   id+dyn    lines in natural order, tiles from the counter
+  3stages   as pair+dyn with 3 pipeline stages (the output tile staged whole instead of in two halves)
 (Pairs ordered by first row instead of largest union first, the other variant measured in session 5, is in
 benchmarks/results/ab_hopper_schedule_lpt_*.txt; pair_order now does the latter.)
 Each round times every variant once (median of 30 CUDA-event timings) in a rotating order; the table gives
@@ -31,14 +33,17 @@ def main():
     args, x, dy = ab_setup(__doc__, rounds=5)
     dtype = torch.bfloat16
 
-    def with_dynamic_tiles(dynamic, fn):
+    def with_knob(setter, value, fn):
         def run():
-            previous = _ops.set_hopper_dynamic_tiles(dynamic)
+            previous = setter(value)
             try:
                 fn()
             finally:
-                _ops.set_hopper_dynamic_tiles(previous)
+                setter(previous)
         return run
+
+    def with_dynamic_tiles(dynamic, fn):
+        return with_knob(_ops.set_hopper_dynamic_tiles, dynamic, fn)
 
     for block in args.blocks:
         for density in args.densities:
@@ -50,7 +55,9 @@ def main():
                     run = {"dsd": lambda idx: _C.dsd(x, data, None, *idx), "dds": lambda idx: _C.dds(dy, data, *idx)}[op]
                     return {"pair+dyn": with_dynamic_tiles(True, lambda: run(index)),
                             "pair+rr": with_dynamic_tiles(False, lambda: run(index)),
-                            "id+dyn": with_dynamic_tiles(True, lambda: run(natural))}
+                            "id+dyn": with_dynamic_tiles(True, lambda: run(natural)),
+                            "3stages": with_knob(_ops.set_hopper_pipeline_stages, 3,
+                                                 with_dynamic_tiles(True, lambda: run(index)))}
 
                 times = interleaved_times(args, block, density, variants)
                 print(ratio_report(f"block {block:3d} density {density:4.2f} {op}", times), flush=True)

@@ -177,6 +177,16 @@ int64_t set_hopper_sdd_min_blocks_per_row(int64_t blocks) {
   return exchange_knob(g_hopper_sdd_min_blocks_per_row, blocks, 0, "set_hopper_sdd_min_blocks_per_row", "blocks");
 }
 
+// Pipeline stages of the Hopper dsd / dds: 3 (48 KB each, the 64 KB output tile staged whole) or 4 (its two
+// halves staged one after the other).
+int64_t g_hopper_stages = 4;
+int64_t set_hopper_pipeline_stages(int64_t stages) {
+  PBSNG_CHECK_VALUE(stages == 3 || stages == 4, "set_hopper_pipeline_stages: stages=", stages, " must be 3 or 4");
+  const int64_t previous = g_hopper_stages;
+  g_hopper_stages = stages;
+  return previous;
+}
+
 int64_t set_hopper_min_rows(int64_t rows) {
   return exchange_knob(g_hopper_min_rows, rows, 1, "set_hopper_min_rows", "rows");
 }
@@ -228,7 +238,7 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   DsdParams p{x.data_ptr(), data.data_ptr(), b ? b->data_ptr() : nullptr, splits > 1 ? nullptr : y.data_ptr(),
               splits > 1 ? y_f32.data_ptr<float>() : nullptr, row_offsets.data_ptr<int32_t>(),
               col_indices.data_ptr<int32_t>(), row_order.data_ptr<int32_t>(), nullptr, m, pat.nnz,
-              int(pat.n_block_rows), int(pat.n_block_cols), block, int(splits), int(sms)};
+              int(pat.n_block_rows), int(pat.n_block_cols), block, int(splits), int(sms), int(g_hopper_stages)};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
   if (splits == 1 && use_hopper_for(x.device().index(), block, m, pat.nnz)) {
     const at::Tensor counter = tile_counter_for(x, stream);
@@ -264,7 +274,8 @@ at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& r
   DdsParams p{dy.data_ptr(), data.data_ptr(), dx.data_ptr(), col_offsets_t.data_ptr<int32_t>(),
               row_indices_t.data_ptr<int32_t>(), perm_t.data_ptr<int32_t>(), col_order.data_ptr<int32_t>(), nullptr,
               dy.size(0), pat.nnz,
-              int(pat.n_block_rows), int(pat.n_block_cols), block, multiprocessor_count(dy.device().index())};
+              int(pat.n_block_rows), int(pat.n_block_cols), block, multiprocessor_count(dy.device().index()),
+              int(g_hopper_stages)};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
   if (use_hopper_for(dy.device().index(), block, dy.size(0), pat.nnz)) {
     const at::Tensor counter = tile_counter_for(dy, stream);
@@ -399,6 +410,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_hopper_sdd_min_blocks_per_row", &pbsng::set_hopper_sdd_min_blocks_per_row,
         "the Hopper sdd with blocks of 64 needs nnz >= this x block rows (default 3); returns the previous value",
         pybind11::arg("blocks"));
+  m.def("set_hopper_pipeline_stages", &pbsng::set_hopper_pipeline_stages,
+        "pipeline stages of the Hopper dsd / dds, 3 or 4 (default); returns the previous value",
+        pybind11::arg("stages"));
   m.def("set_hopper_min_rows", &pbsng::set_hopper_min_rows,
         "the fewest rows M for which dsd / dds take the Hopper kernels; returns the previous value",
         pybind11::arg("rows"));

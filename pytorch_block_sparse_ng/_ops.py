@@ -46,7 +46,8 @@ except ImportError as error:
                       f"torch {torch.__version__} (CUDA {torch.version.cuda})") from error
 
 __all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "sdd_with_bias_grad", "describe_build", "set_hopper_kernels",
-           "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row", "set_hopper_dynamic_tiles"]
+           "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row", "set_hopper_dynamic_tiles",
+           "set_hopper_pipeline_stages"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
 # default) unless this is "0".
@@ -63,6 +64,12 @@ def set_hopper_dynamic_tiles(enabled: bool) -> bool:
     """The Hopper dsd / dds take their tiles from a counter (default: SMs that finish cheap tiles take more) or
     round-robin (False; kept to measure the difference); returns the previous setting."""
     return bool(_C.set_hopper_dynamic_tiles(bool(enabled)))
+
+
+def set_hopper_pipeline_stages(stages: int) -> int:
+    """Pipeline stages of the Hopper dsd / dds: 4 (default; the output tile is then staged in two halves) or 3;
+    returns the previous value."""
+    return int(_C.set_hopper_pipeline_stages(int(stages)))
 
 
 def set_hopper_min_rows(rows: int) -> int:

@@ -162,8 +162,8 @@ def test_hopper_path_at_every_m(case):
                                   torch.float16), Case(257, 640, 384, 0.5, 128, torch.bfloat16)], ids=case_id)
 def test_hopper_results_do_not_depend_on_the_line_order_or_the_tile_schedule(case):
     """row_order / col_order only decide which lines share a tile, the tile counter only which SM computes a
-    tile: every permutation and both schedules give the same bits (each line's blocks are accumulated in the
-    same order), including odd line counts."""
+    tile, the pipeline depth only when tiles arrive: every permutation, both schedules and 3 or 4 stages give
+    the same bits (each line's blocks are accumulated in the same order), including odd line counts."""
     from pytorch_block_sparse_ng import _ops
 
     w, index, x, dy, bias, data = _product_case(case, 3)
@@ -173,8 +173,9 @@ def test_hopper_results_do_not_depend_on_the_line_order_or_the_tile_schedule(cas
         assert_like_torch("dsd (pair order)", expected[0], reference.dsd(x.float(), data.float(), bias.float(), *index),
                           F.linear(x, w.to_dense(data.float()).detach().to(case.dtype), bias))
         generator = torch.Generator().manual_seed(5)
-        for dynamic in (True, False):
+        for dynamic, stages in ((True, 4), (False, 4), (True, 3)):
             previous_dynamic = _ops.set_hopper_dynamic_tiles(dynamic)
+            previous_stages = _ops.set_hopper_pipeline_stages(stages)
             try:
                 for row_order, col_order in ((torch.arange(w.grid[0]), torch.arange(w.grid[1])),
                                              (torch.randperm(w.grid[0], generator=generator),
@@ -185,6 +186,7 @@ def test_hopper_results_do_not_depend_on_the_line_order_or_the_tile_schedule(cas
                     assert torch.equal(OPS.dds(dy, data, *permuted), expected[1])
             finally:
                 _ops.set_hopper_dynamic_tiles(previous_dynamic)
+                _ops.set_hopper_pipeline_stages(previous_stages)
     finally:
         _ops.set_hopper_min_rows(previous)
 
@@ -473,3 +475,7 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
         _ops.set_hopper_min_rows(0)
     with pytest.raises(ValueError, match="blocks=-1 must be >= 0"):
         _ops.set_hopper_sdd_min_blocks_per_row(-1)
+    previous = _ops.set_hopper_pipeline_stages(3)
+    assert _ops.set_hopper_pipeline_stages(previous) == 3
+    with pytest.raises(ValueError, match="stages=5 must be 3 or 4"):
+        _ops.set_hopper_pipeline_stages(5)

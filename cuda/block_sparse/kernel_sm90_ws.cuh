@@ -56,14 +56,19 @@ template <cute::GMMA::Major MajorA> struct GmmaAtom<cute::bfloat16_t, MajorA> {
   using type = cute::SM90_64x256x16_F32BF16BF16_SS<MajorA, cute::GMMA::Major::K>;
 };
 
-template <class T_, int Block_, bool TransposeW_>
+template <class T_, int Block_, bool TransposeW_, int Stages_>
 struct Config {
   using T = T_;
   static constexpr int Block = Block_;
   static constexpr bool TransposeW = TransposeW_;  // dds: A = W_b^T
   static_assert(Block == 64 || Block == 128, "blocks of 64 or 128");
+  static_assert(Stages_ == 3 || Stages_ == 4, "3 or 4 pipeline stages");
   static constexpr int kLinesPerTile = Block == 64 ? 2 : 1;
-  static constexpr int kTokens = 256, kFeatures = 128, BK = 64, kStages = 3;
+  static constexpr int kTokens = 256, kFeatures = 128, BK = 64, kStages = Stages_;
+  // The output tile is staged in shared memory in parts of kOutTokens tokens: 4 stages of 48 KB leave room for
+  // only half of it (32 KB), so each consumer then stores its 256 tokens in two TMA stores.
+  static constexpr int kOutTokens = kStages == 3 ? kTokens : kTokens / 2;
+  static constexpr int kOutParts = kTokens / kOutTokens;
   static constexpr int kTileSlots = 4;  // tile numbers the producer may hand out ahead of the consumers
   static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
   static constexpr cute::GMMA::Major MajorA = TransposeW ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
@@ -73,7 +78,9 @@ struct Config {
   using SmemLayoutB = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<T>{},
                                                    cute::make_shape(cute::Int<kTokens>{}, cute::Int<BK>{})));
   // The output tile of one consumer seen as the accumulator, (64 features, tokens): in memory one 128-byte
-  // row of features per token, swizzled as TMA expects for a (tokens, 64 features) box.
+  // row of features per token, swizzled as TMA expects for a (tokens, 64 features) box. Its first kOutTokens
+  // tokens are what shared memory holds at a time (the swizzle repeats every 8 tokens, so that prefix is the
+  // (64, kOutTokens) tile of the same atom).
   using SmemLayoutOut = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<T>{},
                                                      cute::make_shape(cute::Int<64>{}, cute::Int<kTokens>{})));
   using TiledMma = decltype(cute::make_tiled_mma(typename GmmaAtom<T, MajorA>::type{}));
@@ -91,7 +98,7 @@ struct Config {
   };
   struct SharedStorage {
     Stage stages[kStages];
-    alignas(1024) T out[2][kTokens * 64];
+    alignas(1024) T out[2][kOutTokens * 64];
     uint64_t full[kStages];
     uint64_t empty[kStages];
     int flags[kStages];  // bit h: consumer h has a W tile in this stage; bit 2: last stage of its tile
@@ -100,6 +107,7 @@ struct Config {
     int tile_ids[kTileSlots];  // >= n_tiles: no more tiles
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 };
 
 // One product's lines: entries offsets[l] .. offsets[l+1] of keys (the other block coordinate) and slots
@@ -107,7 +115,7 @@ struct Config {
 struct KernelParams {
   CUtensorMap act_map;   // x (dsd) or dy (dds): (M, K_act), box 256 tokens x 64
   CUtensorMap data_map;  // data viewed as (nnz * B, B), box 64 x 64
-  CUtensorMap out_map;   // (M, n_lines * B), box 256 tokens x 64
+  CUtensorMap out_map;   // (M, n_lines * B), box kOutTokens x 64
   const int32_t* offsets;
   const int32_t* keys;
   const int32_t* slots;
@@ -118,6 +126,7 @@ struct KernelParams {
   int n_lines;
   int n_groups;      // tiles along the features: ceil(n_lines * B / 128)
   int n_tiles;       // n_groups x ceil(M / 256)
+  int64_t m;         // tokens
 };
 
 __device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
@@ -292,8 +301,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
   Tensor out_values = make_tensor_like<T>(acc);
   typename Cfg::TiledStoreOut store_out;
   auto thr_store = store_out.get_thread_slice(tid);
-  Tensor out_dst = thr_store.partition_D(make_tensor(make_smem_ptr(sh.out[h]), typename Cfg::SmemLayoutOut{}));
+  Tensor out_dst_whole = thr_store.partition_D(make_tensor(make_smem_ptr(sh.out[h]), typename Cfg::SmemLayoutOut{}));
   Tensor out_src = thr_store.retile_S(out_values);
+  // stmatrix instruction i of a thread writes tokens 16 i .. 16 i + 15 (the wgmma C layout along N), so part k
+  // of the output tile is instructions k * kInstrPerPart onwards of the registers, written to the first
+  // kInstrPerPart instructions' places in shared memory.
+  constexpr int kInstrPerPart = Cfg::kOutTokens / 16;
+  constexpr int kValuesPerInstr = decltype(size<0, 0>(out_src))::value;
+  static_assert(decltype(size<0, 1>(out_src))::value == Cfg::kTokens / 16 &&
+                    decltype(size<0, 1>(out_dst_whole))::value == Cfg::kTokens / 16,
+                "stmatrix instructions of 16 tokens each");
+  const auto part_shape = make_shape(make_shape(Int<kValuesPerInstr>{}, Int<kInstrPerPart>{}), _1{}, _1{});
+  Tensor out_dst = make_tensor(out_dst_whole.data(), make_layout(part_shape, stride(out_dst_whole)));
+  auto part_src = [&](int k) {
+    return make_tensor(out_src.data() + k * kInstrPerPart * kValuesPerInstr, make_layout(part_shape, stride(out_src)));
+  };
 
   int it = 0;
   for (int n = 0;; ++n) {
@@ -354,10 +376,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
       for (int i = 0; i < size(acc); ++i) {
         out_values(i) = T(acc(i) + (get<0>(coord(i)) == get<0>(coord(0)) ? bias_lo : bias_hi));
       }
-      copy(store_out, out_src, out_dst);
-      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read next by the TMA store
-      cutlass::arch::NamedBarrier::sync(128, 1 + h);
-      if (tid == 0) tma_store_2d(&p.out_map, sh.out[h], feature0, token0);
+      CUTE_UNROLL
+      for (int k = 0; k < Cfg::kOutParts; ++k) {
+        const int part_token0 = token0 + k * Cfg::kOutTokens;
+        if (k > 0) {
+          if (part_token0 >= p.m) break;  // uniform over the warpgroup
+          if (tid == 0) tma_store_wait_read();  // part k - 1 has left sh.out[h]
+          cutlass::arch::NamedBarrier::sync(128, 1 + h);
+        }
+        copy(store_out, part_src(k), out_dst);
+        cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read next by the TMA store
+        cutlass::arch::NamedBarrier::sync(128, 1 + h);
+        if (tid == 0) tma_store_2d(&p.out_map, sh.out[h], feature0, part_token0);
+      }
     }
   }
   if (tid == 0) tma_store_wait_read();  // shared memory must outlive the last store's reads
@@ -405,7 +436,7 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
   if (err != cudaSuccess) return err;
   err = encode_2d_map(&p.data_map, dtype, data, B, uint64_t(nnz) * B, Cfg::BK, 64);
   if (err != cudaSuccess) return err;
-  err = encode_2d_map(&p.out_map, dtype, out, uint64_t(n_lines) * B, uint64_t(m), 64, Cfg::kTokens);
+  err = encode_2d_map(&p.out_map, dtype, out, uint64_t(n_lines) * B, uint64_t(m), 64, Cfg::kOutTokens);
   if (err != cudaSuccess) return err;
   const int64_t groups = (int64_t(n_lines) + Cfg::kLinesPerTile - 1) / Cfg::kLinesPerTile;
   const int64_t tiles = groups * ((m + Cfg::kTokens - 1) / Cfg::kTokens);
@@ -419,6 +450,7 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
   p.n_lines = n_lines;
   p.n_groups = int(groups);
   p.n_tiles = int(tiles);
+  p.m = m;
   err = sm80::prepare<ws_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   const int ctas = int(std::min<int64_t>(tiles, sms));
@@ -426,19 +458,23 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
   return cudaGetLastError();
 }
 
-// The launch for blocks of 64 or 128 (others: cudaErrorInvalidValue).
+// The launch for blocks of 64 or 128 and 3 or 4 pipeline stages (others: cudaErrorInvalidValue).
 template <class T, bool TransposeW>
-cudaError_t launch_for_block(int block, const void* act, int64_t m, int n_other, const void* data, int64_t nnz,
+cudaError_t launch_for_block(int block, int stages, const void* act, int64_t m, int n_other, const void* data, int64_t nnz,
                              const int32_t* offsets, const int32_t* keys, const int32_t* slots, const int32_t* order,
                              int* tile_counter, int n_lines, const void* bias, void* out, int sms,
                              cudaStream_t stream) {
-  switch (block) {
-    case 64:
-      return launch<Config<T, 64, TransposeW>>(act, m, n_other, data, nnz, offsets, keys, slots, order,
-                                               tile_counter, n_lines, bias, out, sms, stream);
-    case 128:
-      return launch<Config<T, 128, TransposeW>>(act, m, n_other, data, nnz, offsets, keys, slots, order,
-                                                tile_counter, n_lines, bias, out, sms, stream);
+  const int key = block * 10 + stages;
+  switch (key) {
+#define PBSNG_SM90WS_CASE(BLOCK, STAGES)                                                                   \
+  case BLOCK * 10 + STAGES:                                                                                \
+    return launch<Config<T, BLOCK, TransposeW, STAGES>>(act, m, n_other, data, nnz, offsets, keys, slots,  \
+                                                        order, tile_counter, n_lines, bias, out, sms, stream);
+    PBSNG_SM90WS_CASE(64, 3)
+    PBSNG_SM90WS_CASE(64, 4)
+    PBSNG_SM90WS_CASE(128, 3)
+    PBSNG_SM90WS_CASE(128, 4)
+#undef PBSNG_SM90WS_CASE
     default: return cudaErrorInvalidValue;
   }
 }

@@ -32,6 +32,7 @@ struct DsdParams {
   int block;                // B
   int splits;               // CTAs sharing one block row's blocks
   int sms;                  // multiprocessors of the device (the Hopper kernels' persistent grid)
+  int stages;               // Hopper kernel: pipeline stages, 3 or 4
 };
 
 // dx (M, K) = dy (M, N) W, through the column-major index. One CTA per (block column, tile of M rows).
@@ -50,6 +51,7 @@ struct DdsParams {
   int n_block_cols;
   int block;
   int sms;                  // multiprocessors of the device (the Hopper kernels' persistent grid)
+  int stages;               // Hopper kernel: pipeline stages, 3 or 4
 };
 
 // dW_b [nnz, B, B] = dy^T x on the kept blocks, reduced over M. One CTA per (kept block, split of M).
