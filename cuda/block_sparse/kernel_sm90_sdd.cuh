@@ -11,6 +11,9 @@
 // Both operands are read MN-major (dy^T and x are transposed views of row-major activations), which wgmma
 // allows for 16-bit types. Missing blocks of a partial chunk leave their columns unloaded: their results are
 // not stored.
+// Epilogue: without a split of M, the rounded results go by stmatrix into the (now idle) stage buffers and
+// leave as 64 x 64 TMA stores, one per 8 KB of `data` (2-byte stores from the registers took ~14 us of a CTA's
+// ~120; H100, block 64: the sdd 8 % faster at density 0.5, 14 % at 1.0). Split CTAs add fp32 atomically.
 //
 // Bias gradient (optional, fused): the CTA holding a row's first chunk also sums that row's dy tiles over its
 // tokens with a 64 x 8 x 16 wgmma against a tile of ones (A is the dy^T tile already in shared memory, so the
@@ -65,6 +68,13 @@ struct Config {
   using SmemLayoutOnes = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_INTER_Atom<T>{},
                                                       cute::make_shape(cute::Int<8>{}, cute::Int<BK>{})));
   static constexpr int kBoxBytes = 64 * BK * int(sizeof(T));
+  // Epilogue (no split of M): a consumer's 64 x 256 results, rounded, as four 64 x 64 row-major tiles in
+  // shared memory (128-byte swizzle: conflict-free stmatrix, what the TMA store expects), in the stage
+  // buffers that the finished mainloop no longer reads.
+  using SmemLayoutOut = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<T>{},
+                                                     cute::make_shape(cute::Int<64>{}, cute::Int<256>{})));
+  using TiledStoreOut = decltype(cute::make_tiled_copy_C(cute::Copy_Atom<cute::SM90_U32x4_STSM_N, T>{},
+                                                         TiledMma{}));
 
   struct alignas(1024) Stage {
     T a[kATiles][64 * BK];
@@ -82,9 +92,10 @@ struct Config {
 struct KernelParams {
   CUtensorMap dy_map;  // (M, N), box 64 tokens x 64 features
   CUtensorMap x_map;   // (M, K), box 64 tokens x 64 features
+  CUtensorMap out_map;  // out (splits == 1) as (nnz * B rows, B), box 64 x 64
   const int32_t* row_offsets;
   const int32_t* col_indices;
-  void* out;           // [nnz, B, B] in T (splits == 1)
+  void* out;           // [nnz, B, B] in T (splits == 1; written through out_map)
   float* out_f32;      // [nnz, B, B] fp32, zeroed (splits > 1)
   void* bias_grad;     // (N,) in T (splits == 1), or nullptr
   float* bias_grad_f32;  // (N,) fp32, zeroed (splits > 1), or nullptr
@@ -97,8 +108,8 @@ struct KernelParams {
 // One consumer warpgroup h: the mainloop over the CTA's token steps and the stores. kBlocks: the chunk's
 // blocks (count > 0); kSum: this warpgroup also sums its dy^T tile (the bias gradient).
 template <class Cfg, bool kBlocks, bool kSum>
-__device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::SharedStorage& sh, int h, int row,
-                                        int begin, int count, int n_steps) {
+__device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::SharedStorage& sh, int h,
+                                        int consumers, int row, int begin, int count, int n_steps) {
   using namespace cute;
   using T = typename Cfg::T;
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -157,6 +168,33 @@ __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::Sha
   if constexpr (!kBlocks) return;
 
   // Store: accumulator (f, n) -> block j = n / B' of the chunk, element (f', k) of it.
+  if (p.splits == 1) {
+    // Stage buffers -> out by TMA: 64-column group g of the tile is one 64 x 64 box of `data`.
+    cutlass::arch::NamedBarrier::sync(128 * consumers, 1);  // every wgmma of the CTA has read its stages
+    T* staged = reinterpret_cast<T*>(&sh.stages[0]) + h * 64 * 256;
+    Tensor values = make_tensor_like<T>(acc);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) values(i) = T(acc(i));
+    typename Cfg::TiledStoreOut store_out;
+    auto thr_store = store_out.get_thread_slice(tid);
+    copy(store_out, thr_store.retile_S(values),
+         thr_store.partition_D(make_tensor(make_smem_ptr(staged), typename Cfg::SmemLayoutOut{})));
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read next by the TMA store
+    cutlass::arch::NamedBarrier::sync(128, 2 + h);
+    if (tid == 0) {
+      CUTE_UNROLL
+      for (int g = 0; g < 4; ++g) {
+        // block 64: block 4h + g, all of it; block 128: block g / 2, rows 64h.., columns 64 (g % 2)..
+        const int j = B == 64 ? 4 * h + g : g / 2;
+        if (j < count) {
+          const int col = B == 64 ? 0 : 64 * (g % 2), row_in_block = B == 64 ? 0 : 64 * h;
+          sm90ws::tma_store_2d(&p.out_map, staged + g * 64 * 64, col, (begin + j) * B + row_in_block);
+        }
+      }
+      sm90ws::tma_store_wait_read();  // shared memory must outlive the stores' reads
+    }
+    return;
+  }
   Tensor coord = thr_mma.partition_C(make_identity_tensor(Shape<_64, _256>{}));
   CUTE_UNROLL
   for (int i = 0; i < size(acc); ++i) {
@@ -167,14 +205,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::Sha
     } else {
       j = n / 128, fb = 64 * h + f, kb = n % 128;
     }
-    if (j < count) {
-      const int64_t offset = (int64_t(begin) + j) * B * B + fb * B + kb;
-      if (p.splits == 1) {
-        static_cast<T*>(p.out)[offset] = T(acc(i));
-      } else {
-        atomicAdd(p.out_f32 + offset, acc(i));
-      }
-    }
+    if (j < count) atomicAdd(p.out_f32 + (int64_t(begin) + j) * B * B + fb * B + kb, acc(i));
   }
 }
 
@@ -273,11 +304,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_cons
   // ptxas serialize the wgmmas (C7520).
   const bool my_bias = sums_bias && (B == 128 || h == 0);
   if (count == 0) {
-    consume<Cfg, false, true>(p, sh, h, row, begin, count, n_steps);
+    consume<Cfg, false, true>(p, sh, h, active_consumers, row, begin, count, n_steps);
   } else if (my_bias) {
-    consume<Cfg, true, true>(p, sh, h, row, begin, count, n_steps);
+    consume<Cfg, true, true>(p, sh, h, active_consumers, row, begin, count, n_steps);
   } else {
-    consume<Cfg, true, false>(p, sh, h, row, begin, count, n_steps);
+    consume<Cfg, true, false>(p, sh, h, active_consumers, row, begin, count, n_steps);
   }
 #else
   __trap();
@@ -286,8 +317,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_cons
 
 template <class Cfg>
 cudaError_t launch(const void* dy, const void* x, int64_t m, int n_block_rows, int n_block_cols,
-                   const int32_t* row_offsets, const int32_t* col_indices, void* out, float* out_f32,
-                   void* bias_grad, float* bias_grad_f32, int splits, cudaStream_t stream) {
+                   int64_t nnz, const int32_t* row_offsets, const int32_t* col_indices, void* out,
+                   float* out_f32, void* bias_grad, float* bias_grad_f32, int splits, cudaStream_t stream) {
   if (n_block_rows == 0) return cudaSuccess;
   constexpr int B = Cfg::Block;
   const CUtensorMapDataType dtype = std::is_same<typename Cfg::T, cute::half_t>::value
@@ -299,6 +330,10 @@ cudaError_t launch(const void* dy, const void* x, int64_t m, int n_block_rows, i
   if (err != cudaSuccess) return err;
   err = sm90ws::encode_2d_map(&p.x_map, dtype, x, uint64_t(n_block_cols) * B, uint64_t(m), 64, Cfg::BK);
   if (err != cudaSuccess) return err;
+  if (splits == 1 && nnz > 0) {
+    err = sm90ws::encode_2d_map(&p.out_map, dtype, out, B, uint64_t(nnz) * B, 64, 64);
+    if (err != cudaSuccess) return err;
+  }
   p.row_offsets = row_offsets;
   p.col_indices = col_indices;
   p.out = out;
@@ -319,7 +354,7 @@ cudaError_t launch(const void* dy, const void* x, int64_t m, int n_block_rows, i
 
 template <class Cfg>
 cudaError_t launch_config(const SddParams& p, cudaStream_t stream) {
-  return launch<Cfg>(p.dy, p.x, p.m, p.n_block_rows, p.n_block_cols, p.row_offsets, p.col_indices, p.out,
+  return launch<Cfg>(p.dy, p.x, p.m, p.n_block_rows, p.n_block_cols, p.nnz, p.row_offsets, p.col_indices, p.out,
                      p.out_f32, p.bias_grad, p.bias_grad_f32, p.splits, stream);
 }
 
