@@ -4,7 +4,7 @@
 
 Variants per (block, density), on a fresh random pattern each round:
   pair+dyn  the pattern's row_order / col_order (layout.pair_order), tiles from the counter and 4 pipeline
-            stages (default)
+            stages (the default below density 0.2; "auto" takes pair+rr above)
   pair+rr   the same orders, tiles dealt round-robin
   id+dyn    lines in natural order, tiles from the counter
   3stages   as pair+dyn with 3 pipeline stages (the output tile staged whole instead of in two halves)
@@ -43,7 +43,7 @@ def main():
         return run
 
     def with_dynamic_tiles(dynamic, fn):
-        return with_knob(_ops.set_hopper_dynamic_tiles, dynamic, fn)
+        return with_knob(_ops.set_hopper_tile_schedule, "counter" if dynamic else "round_robin", fn)
 
     for block in args.blocks:
         for density in args.densities:
@@ -65,10 +65,10 @@ def main():
     data, index = mat.data.detach(), mat.indices()
     xs = torch.randn(256, 4096, device="cuda", dtype=dtype)
     for dynamic in (True, False, True, False):
-        previous = _ops.set_hopper_dynamic_tiles(dynamic)
+        previous = _ops.set_hopper_tile_schedule("counter" if dynamic else "round_robin")
         print(f"host time per _C.dsd call, M=256 4096x4096 block 64 d=0.5, dynamic={dynamic}: "
               f"{per_call_us(lambda: _C.dsd(xs, data, None, *index)):.1f} us")
-        _ops.set_hopper_dynamic_tiles(previous)
+        _ops.set_hopper_tile_schedule(previous)
 
 
 if __name__ == "__main__":

@@ -133,17 +133,27 @@ bool use_hopper_for(int device, int block, int64_t m, int64_t nnz) {
   return nnz > 0 && m >= g_hopper_min_rows && hopper_device(device, block);
 }
 
-// The Hopper dsd / dds hand out tiles from a zeroed counter (allocated per call: a 4-byte memset) so that SMs
-// that finish cheap tiles take more; off: a fixed round-robin (kept to measure the difference).
-bool g_hopper_dynamic_tiles = true;
-bool set_hopper_dynamic_tiles(bool enabled) {
-  const bool previous = g_hopper_dynamic_tiles;
-  g_hopper_dynamic_tiles = enabled;
+// The Hopper dsd / dds tile schedule. "counter": tiles handed out from a zeroed int32 (allocated per call, a
+// 4-byte memset), so that SMs that finish cheap tiles take more; "round_robin": CTA i takes tiles i, i + grid,
+// ...; "auto" (default): the counter below density 0.2, where tiles differ most in cost, round-robin above.
+// H100, block 64, 4 stages (benchmarks/results/ab_hopper_schedule_4stages_*.txt): the counter 0.6-4.7 % faster
+// at density 0.1, round-robin 2-5 % faster at 0.25 and 0.5.
+enum class TileSchedule : int64_t { kAuto = 0, kCounter = 1, kRoundRobin = 2 };
+int64_t g_tile_schedule = int64_t(TileSchedule::kAuto);
+int64_t set_hopper_tile_schedule(int64_t schedule) {
+  PBSNG_CHECK_VALUE(schedule >= 0 && schedule <= 2, "set_hopper_tile_schedule: schedule=", schedule,
+                    " must be 0 (auto), 1 (counter) or 2 (round-robin)");
+  const int64_t previous = g_tile_schedule;
+  g_tile_schedule = schedule;
   return previous;
 }
 
-at::Tensor tile_counter_for(const at::Tensor& like, cudaStream_t stream) {
-  if (!g_hopper_dynamic_tiles) return at::Tensor();
+// The counter for a launch over `lines` lines of `blocks_total` possible blocks holding `nnz`, or an undefined
+// tensor for round-robin.
+at::Tensor tile_counter_for(const at::Tensor& like, int64_t nnz, int64_t blocks_total, cudaStream_t stream) {
+  const bool counter = g_tile_schedule == int64_t(TileSchedule::kCounter) ||
+                       (g_tile_schedule == int64_t(TileSchedule::kAuto) && 5 * nnz < blocks_total);
+  if (!counter) return at::Tensor();
   at::Tensor counter = at::empty({1}, like.options().dtype(at::kInt));
   // A memset node, not at::zeros' fill kernel: less host time per call.
   const cudaError_t err = cudaMemsetAsync(counter.data_ptr(), 0, sizeof(int), stream);
@@ -241,7 +251,7 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
               int(pat.n_block_rows), int(pat.n_block_cols), block, int(splits), int(sms), int(g_hopper_stages)};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
   if (splits == 1 && use_hopper_for(x.device().index(), block, m, pat.nnz)) {
-    const at::Tensor counter = tile_counter_for(x, stream);
+    const at::Tensor counter = tile_counter_for(x, pat.nnz, pat.n_block_rows * pat.n_block_cols, stream);
     p.tile_counter = counter_ptr(counter);
     check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_sm90<DType::kFloat16>(p, stream)
                                                 : launch_dsd_sm90<DType::kBFloat16>(p, stream), kDsd);
@@ -278,7 +288,7 @@ at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& r
               int(g_hopper_stages)};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
   if (use_hopper_for(dy.device().index(), block, dy.size(0), pat.nnz)) {
-    const at::Tensor counter = tile_counter_for(dy, stream);
+    const at::Tensor counter = tile_counter_for(dy, pat.nnz, pat.n_block_rows * pat.n_block_cols, stream);
     p.tile_counter = counter_ptr(counter);
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)
                                                  : launch_dds_sm90<DType::kBFloat16>(p, stream), kDds);
@@ -401,9 +411,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_hopper_kernels", &pbsng::set_hopper_kernels,
         "use (True, default) or not the sm_90a wgmma kernels on Hopper GPUs; returns the previous setting",
         pybind11::arg("enabled"));
-  m.def("set_hopper_dynamic_tiles", &pbsng::set_hopper_dynamic_tiles,
-        "Hopper dsd / dds take tiles from a counter (True, default) or round-robin; returns the previous setting",
-        pybind11::arg("enabled"));
+  m.def("set_hopper_tile_schedule", &pbsng::set_hopper_tile_schedule,
+        "Hopper dsd / dds tile schedule: 0 auto (default), 1 counter, 2 round-robin; returns the previous one",
+        pybind11::arg("schedule"));
   m.def("uses_hopper_kernels", &pbsng::hopper_device,
         "whether dsd / dds on this device and block size use the Hopper kernels (for M >= the minimum rows)",
         pybind11::arg("device"), pybind11::arg("block"));

@@ -46,7 +46,7 @@ except ImportError as error:
                       f"torch {torch.__version__} (CUDA {torch.version.cuda})") from error
 
 __all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "sdd_with_bias_grad", "describe_build", "set_hopper_kernels",
-           "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row", "set_hopper_dynamic_tiles",
+           "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row", "set_hopper_tile_schedule",
            "set_hopper_pipeline_stages"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
@@ -60,10 +60,16 @@ def set_hopper_kernels(enabled: bool) -> bool:
     return bool(_C.set_hopper_kernels(bool(enabled)))
 
 
-def set_hopper_dynamic_tiles(enabled: bool) -> bool:
-    """The Hopper dsd / dds take their tiles from a counter (default: SMs that finish cheap tiles take more) or
-    round-robin (False; kept to measure the difference); returns the previous setting."""
-    return bool(_C.set_hopper_dynamic_tiles(bool(enabled)))
+_TILE_SCHEDULES = ("auto", "counter", "round_robin")
+
+
+def set_hopper_tile_schedule(schedule: str) -> str:
+    """How the Hopper dsd / dds hand their tiles to the SMs: "counter" (from an atomic counter: SMs that finish
+    cheap tiles take more), "round_robin" (CTA i takes tiles i, i + grid, ...) or "auto" (default: the counter
+    below density 0.2, round-robin above, as measured faster on an H100); returns the previous schedule."""
+    if schedule not in _TILE_SCHEDULES:
+        raise ValueError(f"set_hopper_tile_schedule: schedule={schedule!r} must be one of {_TILE_SCHEDULES}")
+    return _TILE_SCHEDULES[_C.set_hopper_tile_schedule(_TILE_SCHEDULES.index(schedule))]
 
 
 def set_hopper_pipeline_stages(stages: int) -> int:

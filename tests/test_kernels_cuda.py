@@ -173,8 +173,8 @@ def test_hopper_results_do_not_depend_on_the_line_order_or_the_tile_schedule(cas
         assert_like_torch("dsd (pair order)", expected[0], reference.dsd(x.float(), data.float(), bias.float(), *index),
                           F.linear(x, w.to_dense(data.float()).detach().to(case.dtype), bias))
         generator = torch.Generator().manual_seed(5)
-        for dynamic, stages in ((True, 4), (False, 4), (True, 3)):
-            previous_dynamic = _ops.set_hopper_dynamic_tiles(dynamic)
+        for schedule, stages in (("counter", 4), ("round_robin", 4), ("counter", 3)):
+            previous_schedule = _ops.set_hopper_tile_schedule(schedule)
             previous_stages = _ops.set_hopper_pipeline_stages(stages)
             try:
                 for row_order, col_order in ((torch.arange(w.grid[0]), torch.arange(w.grid[1])),
@@ -185,7 +185,7 @@ def test_hopper_results_do_not_depend_on_the_line_order_or_the_tile_schedule(cas
                     assert torch.equal(OPS.dsd(x, data, bias, *permuted), expected[0])
                     assert torch.equal(OPS.dds(dy, data, *permuted), expected[1])
             finally:
-                _ops.set_hopper_dynamic_tiles(previous_dynamic)
+                _ops.set_hopper_tile_schedule(previous_schedule)
                 _ops.set_hopper_pipeline_stages(previous_stages)
     finally:
         _ops.set_hopper_min_rows(previous)
@@ -469,8 +469,11 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
     assert _ops.set_hopper_min_rows(previous) == 512
     previous = _ops.set_hopper_sdd_min_blocks_per_row(5)
     assert _ops.set_hopper_sdd_min_blocks_per_row(previous) == 5
-    previous = _ops.set_hopper_dynamic_tiles(False)
-    assert _ops.set_hopper_dynamic_tiles(previous) is False
+    previous = _ops.set_hopper_tile_schedule("round_robin")
+    assert previous == "auto"
+    assert _ops.set_hopper_tile_schedule(previous) == "round_robin"
+    with pytest.raises(ValueError, match="schedule='lifo' must be one of"):
+        _ops.set_hopper_tile_schedule("lifo")
     with pytest.raises(ValueError, match="rows=0 must be >= 1"):
         _ops.set_hopper_min_rows(0)
     with pytest.raises(ValueError, match="blocks=-1 must be >= 0"):

@@ -13,7 +13,8 @@
 // not stored.
 // Epilogue: without a split of M, the rounded results go by stmatrix into the (now idle) stage buffers and
 // leave as 64 x 64 TMA stores, one per 8 KB of `data` (2-byte stores from the registers took ~14 us of a CTA's
-// ~120; H100, block 64: the sdd 8 % faster at density 0.5, 14 % at 1.0). Split CTAs add fp32 atomically.
+// ~120; H100, block 64: the sdd 8 % faster at density 0.5, 14 % at 1.0). Split CTAs stage their fp32 sums the
+// same way and add them into the zeroed workspace with TMA reductions (cp.reduce.async.bulk .add).
 //
 // Bias gradient (optional, fused): the CTA holding a row's first chunk also sums that row's dy tiles over its
 // tokens with a 64 x 8 x 16 wgmma against a tile of ones (A is the dy^T tile already in shared memory, so the
@@ -75,6 +76,10 @@ struct Config {
                                                      cute::make_shape(cute::Int<64>{}, cute::Int<256>{})));
   using TiledStoreOut = decltype(cute::make_tiled_copy_C(cute::Copy_Atom<cute::SM90_U32x4_STSM_N, T>{},
                                                          TiledMma{}));
+  // Split M: the fp32 sums as eight 64 x 32 tiles (128-byte rows, swizzled), added into the fp32 workspace
+  // by TMA reductions.
+  using SmemLayoutSums = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{},
+                                                      cute::make_shape(cute::Int<64>{}, cute::Int<256>{})));
 
   struct alignas(1024) Stage {
     T a[kATiles][64 * BK];
@@ -87,12 +92,13 @@ struct Config {
     uint64_t empty[kStages];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
+  static_assert(2 * 64 * 256 * 4 <= kStages * int(sizeof(Stage)), "both consumers' fp32 sums fit in the stages");
 };
 
 struct KernelParams {
   CUtensorMap dy_map;  // (M, N), box 64 tokens x 64 features
   CUtensorMap x_map;   // (M, K), box 64 tokens x 64 features
-  CUtensorMap out_map;  // out (splits == 1) as (nnz * B rows, B), box 64 x 64
+  CUtensorMap out_map;  // out (splits == 1) as (nnz * B rows, B), box 64 x 64; out_f32 (splits > 1), box 64 x 32
   const int32_t* row_offsets;
   const int32_t* col_indices;
   void* out;           // [nnz, B, B] in T (splits == 1; written through out_map)
@@ -104,6 +110,16 @@ struct KernelParams {
   int full_slots;      // n_block_cols / kChunk: grid.y = full_slots + kChunk - 1 (+ 1 with the bias gradient)
   bool with_bias;
 };
+
+__device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap* map, const void* smem_src, int c0, int c1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group [%0, {%2, %3}], [%1];"
+               :
+               : "l"(reinterpret_cast<uint64_t>(map)), "r"(cute::cast_smem_ptr_to_uint(smem_src)), "r"(c0), "r"(c1)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#endif
+}
 
 // One consumer warpgroup h: the mainloop over the CTA's token steps and the stores. kBlocks: the chunk's
 // blocks (count > 0); kSum: this warpgroup also sums its dy^T tile (the bias gradient).
@@ -195,17 +211,32 @@ __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::Sha
     }
     return;
   }
+  // Split M: stage buffers -> out_f32 by TMA reduce-add, 64 x 32 fp32 boxes (atomics from the registers took
+  // ~15 us of a ~55 us CTA: H100, block 64, density 0.25).
+  cutlass::arch::NamedBarrier::sync(128 * consumers, 1);  // every wgmma of the CTA has read its stages
+  float* staged = reinterpret_cast<float*>(&sh.stages[0]) + h * 64 * 256;
+  Tensor sums = make_tensor(make_smem_ptr(staged), typename Cfg::SmemLayoutSums{});
   Tensor coord = thr_mma.partition_C(make_identity_tensor(Shape<_64, _256>{}));
   CUTE_UNROLL
-  for (int i = 0; i < size(acc); ++i) {
-    const int f = get<0>(coord(i)), n = get<1>(coord(i));
-    int j, fb, kb;
-    if constexpr (B == 64) {
-      j = 4 * h + n / 64, fb = f, kb = n % 64;
-    } else {
-      j = n / 128, fb = 64 * h + f, kb = n % 128;
+  for (int i = 0; i < size(acc); i += 2) {  // values i, i + 1: columns n, n + 1 of one row (8 bytes)
+    const float* dst = raw_pointer_cast(&sums(get<0>(coord(i)), get<1>(coord(i))));
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(cute::cast_smem_ptr_to_uint(dst)), "f"(acc(i)),
+                 "f"(acc(i + 1)) : "memory");
+  }
+  cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read next by the TMA reduction
+  cutlass::arch::NamedBarrier::sync(128, 2 + h);
+  if (tid == 0) {
+    CUTE_UNROLL
+    for (int g = 0; g < 8; ++g) {
+      // columns 32g.. of the tile: block 64, block 4h + g / 2, columns 32 (g % 2)..; block 128, block g / 4,
+      // rows 64h.., columns 32 (g % 4)..
+      const int j = B == 64 ? 4 * h + g / 2 : g / 4;
+      if (j < count) {
+        const int col = B == 64 ? 32 * (g % 2) : 32 * (g % 4), row_in_block = B == 64 ? 0 : 64 * h;
+        tma_reduce_add_2d(&p.out_map, staged + g * 64 * 32, col, (begin + j) * B + row_in_block);
+      }
     }
-    if (j < count) atomicAdd(p.out_f32 + (int64_t(begin) + j) * B * B + fb * B + kb, acc(i));
+    sm90ws::tma_store_wait_read();  // shared memory must outlive the reductions' reads
   }
 }
 
@@ -330,8 +361,10 @@ cudaError_t launch(const void* dy, const void* x, int64_t m, int n_block_rows, i
   if (err != cudaSuccess) return err;
   err = sm90ws::encode_2d_map(&p.x_map, dtype, x, uint64_t(n_block_cols) * B, uint64_t(m), 64, Cfg::BK);
   if (err != cudaSuccess) return err;
-  if (splits == 1 && nnz > 0) {
-    err = sm90ws::encode_2d_map(&p.out_map, dtype, out, B, uint64_t(nnz) * B, 64, 64);
+  if (nnz > 0) {
+    err = splits == 1 ? sm90ws::encode_2d_map(&p.out_map, dtype, out, B, uint64_t(nnz) * B, 64, 64)
+                      : sm90ws::encode_2d_map(&p.out_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, out_f32, B,
+                                              uint64_t(nnz) * B, 32, 64, 4);
     if (err != cudaSuccess) return err;
   }
   p.row_offsets = row_offsets;

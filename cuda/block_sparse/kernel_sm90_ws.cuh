@@ -399,7 +399,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
 
 // Host side: tensor maps through the driver entry point (no link against libcuda).
 inline cudaError_t encode_2d_map(CUtensorMap* map, CUtensorMapDataType dtype, const void* ptr, uint64_t inner,
-                                 uint64_t outer, uint32_t box_inner, uint32_t box_outer) {
+                                 uint64_t outer, uint32_t box_inner, uint32_t box_outer, uint64_t elem_bytes = 2) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     void* fn = nullptr;
@@ -411,7 +411,7 @@ inline cudaError_t encode_2d_map(CUtensorMap* map, CUtensorMapDataType dtype, co
     encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }
   const cuuint64_t dims[2] = {inner, outer};
-  const cuuint64_t strides[1] = {inner * 2};  // bytes, 16-bit elements
+  const cuuint64_t strides[1] = {inner * elem_bytes};  // bytes
   const cuuint32_t box[2] = {box_inner, box_outer};
   const cuuint32_t elem_strides[2] = {1, 1};
   CUresult res = encode(map, dtype, 2, const_cast<void*>(ptr), dims, strides, box, elem_strides,
