@@ -10,11 +10,12 @@
 //
 // A tile: 256 tokens x 128 output features. One CTA per SM walks tiles (feature group fastest, so the CTAs in
 // flight share activation rows in L2) with three warpgroups: its first tile is blockIdx.x, the next ones it
-// takes from a global counter when its producer is ready for them (tiles differ in cost with the lines'
-// block counts; a fixed round-robin left SMs idle at the end), and hands each tile's number to the consumers
-// through a small mbarrier queue in shared memory. Warpgroup 0 (one thread) issues the TMA loads,
-// running ahead into the next tile while the consumers finish the current one; the two consumer warpgroups own
-// 64 features each:
+// takes from a global counter when its producer is ready for them (tiles differ most in cost at low density;
+// a fixed round-robin left SMs idle at the end there) or round-robin (faster above density 0.2; the host
+// decides), and hands each tile's number to the consumers through a small mbarrier queue in shared memory.
+// Warpgroup 0 (one thread) issues the TMA loads into 3 or 4 stages (4 by default: the kernel is bound by load
+// latency, and more bytes in flight measured 3-7 % faster), running ahead into the next tile while the
+// consumers finish the current one; the two consumer warpgroups own 64 features each:
 //   block 64:  consumer h owns line order[2g + h] (layout.pair_order puts lines that share many blocks side by
 //              side, largest union first). The producer merges the two lines' sorted block lists, so an
 //              activation tile needed by both lines is loaded once; the consumer whose line lacks that block
@@ -23,8 +24,9 @@
 //              k-steps of 64.
 // dds reads W blocks transposed: the same TMA box lands in an MN-major layout (wgmma transposes 16-bit A).
 // Epilogue: the fp32 accumulators (+ bias), rounded, are written transposed by stmatrix.trans into a
-// 128-byte-swizzled tile of their own and stored by TMA, which clips rows past M (TMA loads zero-fill them)
-// and runs while the consumers start the next tile.
+// 128-byte-swizzled tile of their own (with 4 stages only half of it fits: two parts of 128 tokens, one after
+// the other) and stored by TMA, which clips rows past M (TMA loads zero-fill them) and runs while the
+// consumers start the next tile.
 //
 // Measured and dropped: sharing activation tiles across 2 or 4 CTAs with cluster multicast (the union of more
 // lines' lists) was 5-50 % slower on an H100 than this kernel without clusters (benchmarks/bench_ops.py).
