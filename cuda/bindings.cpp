@@ -148,11 +148,11 @@ int64_t set_hopper_tile_schedule(int64_t schedule) {
   return previous;
 }
 
-// The counter for a launch over `lines` lines of `blocks_total` possible blocks holding `nnz`, or an undefined
-// tensor for round-robin.
+// The zeroed tile counter for a launch whose pattern keeps `nnz` of `blocks_total` blocks, or an undefined
+// tensor (round-robin).
 at::Tensor tile_counter_for(const at::Tensor& like, int64_t nnz, int64_t blocks_total, cudaStream_t stream) {
   const bool use_counter = g_tile_schedule == int64_t(TileSchedule::kCounter) ||
-                       (g_tile_schedule == int64_t(TileSchedule::kAuto) && 5 * nnz < blocks_total);
+                           (g_tile_schedule == int64_t(TileSchedule::kAuto) && 5 * nnz < blocks_total);
   if (!use_counter) return at::Tensor();
   at::Tensor counter = at::empty({1}, like.options().dtype(at::kInt));
   // A memset node, not at::zeros' fill kernel: less host time per call.
