@@ -111,16 +111,6 @@ struct KernelParams {
   bool with_bias;
 };
 
-__device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap* map, const void* smem_src, int c0, int c1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group [%0, {%2, %3}], [%1];"
-               :
-               : "l"(reinterpret_cast<uint64_t>(map)), "r"(cute::cast_smem_ptr_to_uint(smem_src)), "r"(c0), "r"(c1)
-               : "memory");
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-#endif
-}
-
 // One consumer warpgroup h: the mainloop over the CTA's token steps and the stores. kBlocks: the chunk's
 // blocks (count > 0); kSum: this warpgroup also sums its dy^T tile (the bias gradient).
 template <class Cfg, bool kBlocks, bool kSum>
@@ -233,7 +223,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::Sha
       const int j = B == 64 ? 4 * h + g / 2 : g / 4;
       if (j < count) {
         const int col = B == 64 ? 32 * (g % 2) : 32 * (g % 4), row_in_block = B == 64 ? 0 : 64 * h;
-        tma_reduce_add_2d(&p.out_map, staged + g * 64 * 32, col, (begin + j) * B + row_in_block);
+        sm90ws::tma_reduce_add_2d(&p.out_map, staged + g * 64 * 32, col, (begin + j) * B + row_in_block);
       }
     }
     sm90ws::tma_store_wait_read();  // shared memory must outlive the reductions' reads

@@ -152,6 +152,17 @@ __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void*
 #endif
 }
 
+// Adds a swizzled shared-memory box into a global tensor (fp32 add for a FLOAT32 map), as one bulk group.
+__device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap* map, const void* smem_src, int c0, int c1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group [%0, {%2, %3}], [%1];"
+               :
+               : "l"(reinterpret_cast<uint64_t>(map)), "r"(cute::cast_smem_ptr_to_uint(smem_src)), "r"(c0), "r"(c1)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#endif
+}
+
 // Wait until the committed TMA stores of this thread have read their shared memory.
 __device__ __forceinline__ void tma_store_wait_read() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
