@@ -24,6 +24,9 @@ def _ddp_worker(rank: int, world_size: int, init_file: str, result_dir: str) -> 
         model(x).pow(2).sum().backward()
         torch.save({"x": x, "state": layer.state_dict(), "grad": layer.weight.data.grad,
                     "bias_grad": layer.bias.grad}, os.path.join(result_dir, f"rank{rank}.pt"))
+        # Both ranks leave together: a rank tearing gloo down while its peer still talks to it aborted once
+        # (SIGABRT, "terminate called without an active exception") on a loaded 2-core machine.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
