@@ -1,9 +1,12 @@
 """Where the time of one BlockSparseLinear training step goes: host time per step (Python + launches, measured
-without synchronising, while the GPU queue is not full), wall time per step, and torch.profiler's table.
+without synchronising, while the GPU queue is not full), wall time per step, and torch.profiler's table;
+with --python-profile, also cProfile's view of the host side (the Python functions by own time).
 
     python benchmarks/profile/profile_step.py --shape 8192x4096x4096 --block 128 --density 0.1
 """
 import argparse
+import cProfile
+import pstats
 import time
 
 import torch
@@ -18,6 +21,7 @@ def main():
     parser.add_argument("--block", type=int, default=128)
     parser.add_argument("--density", type=float, default=0.1)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--python-profile", action="store_true", help="cProfile the host side of the steps")
     args = parser.parse_args()
     m, k, n = (int(v) for v in args.shape.split("x"))
     layer = BlockSparseLinear(k, n, density=args.density, block_shape=(args.block, args.block), device="cuda",
@@ -47,6 +51,15 @@ def main():
         torch.cuda.synchronize()
     print(f"{args.shape} block {args.block} density {args.density}, {args.steps} steps")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
+    if args.python_profile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(args.steps):
+            step()
+        profiler.disable()
+        torch.cuda.synchronize()
+        print(f"cProfile of {args.steps} steps (host side), by own time:")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":
