@@ -16,8 +16,9 @@ from pytorch_block_sparse_ng import BlockSparseMatrix, _C, _ops  # noqa: E402
 
 
 def per_call_us(fn, calls=200):
-    """Host time per call: few enough calls that the launch queue never fills (with 2000, a first run measured
-    the dsd's GPU time, 51 us, instead of its host time)."""
+    """Host time per call, taken before synchronising (bench_ops.per_call_us includes the GPU's drain): few
+    enough calls that the launch queue never fills (with 2000, a first run measured the dsd's GPU time, 51 us,
+    instead of its host time)."""
     for _ in range(50):
         fn()
     torch.cuda.synchronize()
