@@ -98,11 +98,11 @@ struct Config {
 struct KernelParams {
   CUtensorMap dy_map;  // (M, N), box 64 tokens x 64 features
   CUtensorMap x_map;   // (M, K), box 64 tokens x 64 features
-  CUtensorMap out_map;  // out (splits == 1) as (nnz * B rows, B), box 64 x 64; out_f32 (splits > 1), box 64 x 32
+  // The result: out [nnz, B, B] in T (splits == 1) as (nnz * B rows, B), box 64 x 64; or the zeroed fp32
+  // workspace of the same shape (splits > 1), box 64 x 32, added into by TMA reductions.
+  CUtensorMap out_map;
   const int32_t* row_offsets;
   const int32_t* col_indices;
-  void* out;           // [nnz, B, B] in T (splits == 1; written through out_map)
-  float* out_f32;      // [nnz, B, B] fp32, zeroed (splits > 1)
   void* bias_grad;     // (N,) in T (splits == 1), or nullptr
   float* bias_grad_f32;  // (N,) fp32, zeroed (splits > 1), or nullptr
   int64_t m;
@@ -359,8 +359,6 @@ cudaError_t launch(const void* dy, const void* x, int64_t m, int n_block_rows, i
   }
   p.row_offsets = row_offsets;
   p.col_indices = col_indices;
-  p.out = out;
-  p.out_f32 = out_f32;
   p.m = m;
   p.bias_grad = bias_grad;
   p.bias_grad_f32 = bias_grad_f32;
