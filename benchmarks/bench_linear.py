@@ -56,10 +56,13 @@ def time_ms(fn, warmup=5, reps=30):
     return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
-def ab_setup(description, rounds=5):
-    """The command line shared by the interleaved A/B scripts (--shape, --rounds, --blocks, --densities), parsed,
-    and the bf16 activations x (M, K) and dy (M, N) they time on."""
-    parser = argparse.ArgumentParser(description=description)
+def ab_setup(description, rounds=5, extra=()):
+    """The command line shared by the interleaved A/B scripts (--shape, --rounds, --blocks, --densities, and
+    `extra` (flag, default) string options), parsed, and the bf16 activations x (M, K) and dy (M, N) they time
+    on."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for flag, default in extra:
+        parser.add_argument(flag, default=default)
     parser.add_argument("--shape", default="8192x4096x4096")
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--blocks", default="64,128")

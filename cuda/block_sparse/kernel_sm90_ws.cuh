@@ -13,9 +13,9 @@
 // takes from a global counter when its producer is ready for them (tiles differ most in cost at low density;
 // a fixed round-robin left SMs idle at the end there) or round-robin (faster above density 0.2; the host
 // decides), and hands each tile's number to the consumers through a small mbarrier queue in shared memory.
-// Warpgroup 0 (one thread) issues the TMA loads into 3 or 4 stages (4 by default: the kernel is bound by load
-// latency, and more bytes in flight measured 3-7 % faster), running ahead into the next tile while the
-// consumers finish the current one; the two consumer warpgroups own 64 features each:
+// Warp 0 of warpgroup 0 walks the block lists and its lane 0 issues the TMA loads into 3 or 4 stages (4 by
+// default: more bytes in flight measured 3-7 % faster), running ahead into the next tile while the consumers
+// finish the current one; the two consumer warpgroups own 64 features each:
 //   block 64:  consumer h owns line order[2g + h] (layout.pair_order puts lines that share many blocks side by
 //              side, largest union first). The producer merges the two lines' sorted block lists, so an
 //              activation tile needed by both lines is loaded once; the consumer whose line lacks that block
@@ -211,18 +211,61 @@ __device__ __forceinline__ int next_tile(const KernelParams& p, int tile) {
   return p.tile_counter != nullptr ? int(gridDim.x) + atomicAdd(p.tile_counter, 1) : tile + int(gridDim.x);
 }
 
+// A line's block list as seen by the producer warp: lane i holds entries base + i (keys and slots) of the
+// current 32-entry window and base + 32 + i of the next, loaded one window ahead, so that walking the list
+// costs a register shuffle per entry instead of a dependent global load. (A per-stage trace had the single
+// producer thread busy ~0.4-0.7 us per ~0.7 us stage; with the warp the dsd / dds were 1-5 % faster, H100
+// A/B: most of that time is the TMA issue itself, benchmarks/results/trace_ws_*.txt.)
+struct LineWindow {
+  int base, end, key, next_key, slot, next_slot;
+};
+
+__device__ __forceinline__ void load_window(const KernelParams& p, int first, int end, int lane, int& key, int& slot) {
+  const int e = first + lane;
+  key = e < end ? __ldg(p.keys + e) : INT_MAX;
+  slot = p.slots == nullptr ? e : (e < end ? __ldg(p.slots + e) : 0);
+}
+
+__device__ __forceinline__ LineWindow open_window(const KernelParams& p, int begin, int end, int lane) {
+  LineWindow w;
+  w.base = begin;
+  w.end = end;
+  load_window(p, begin, end, lane, w.key, w.slot);
+  load_window(p, begin + 32, end, lane, w.next_key, w.next_slot);
+  return w;
+}
+
+// Entry e (base <= e < base + 32 after the call) of the line: its key (INT_MAX past the end) and slot, the same
+// in every lane.
+__device__ __forceinline__ int window_key(const KernelParams& p, LineWindow& w, int e, int lane, int& slot) {
+  if (e - w.base == 32) {  // uniform: move to the next window and start loading the one after
+    w.base += 32;
+    w.key = w.next_key;
+    w.slot = w.next_slot;
+    load_window(p, w.base + 32, w.end, lane, w.next_key, w.next_slot);
+  }
+  slot = __shfl_sync(0xffffffffu, w.slot, (e - w.base) & 31);
+  const int key = __shfl_sync(0xffffffffu, w.key, (e - w.base) & 31);
+  return e < w.end ? key : INT_MAX;
+}
+
+// The producer: warp 0 of warpgroup 0. All its lanes walk the block lists (see LineWindow); lane 0 hands out
+// tiles and issues the TMA loads.
 template <class Cfg>
 __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::SharedStorage& sh) {
   using Barrier = cutlass::arch::ClusterBarrier;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int S = Cfg::kStages, B = Cfg::Block;
-  auto slot_of = [&](int e) { return p.slots == nullptr ? e : __ldg(p.slots + e); };
+  const int lane = threadIdx.x % 32;
+  const bool leader = lane == 0;
   int it = 0;
   auto next_stage = [&](int flags, int w_tiles) -> int {
     const int s = it % S;
     Barrier::wait(&sh.empty[s], ((it / S) & 1) ^ 1);
-    sh.flags[s] = flags;
-    TxBarrier::arrive_and_expect_tx(&sh.full[s], Cfg::kActTileBytes + w_tiles * Cfg::kWTileBytes);
+    if (leader) {
+      sh.flags[s] = flags;
+      TxBarrier::arrive_and_expect_tx(&sh.full[s], Cfg::kActTileBytes + w_tiles * Cfg::kWTileBytes);
+    }
     ++it;
     return s;
   };
@@ -231,38 +274,47 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
     // Hand the tile to the consumers (a number >= n_tiles tells them to stop).
     const int q = n % Cfg::kTileSlots;
     Barrier::wait(&sh.tile_empty[q], ((n / Cfg::kTileSlots) & 1) ^ 1);
-    sh.tile_ids[q] = tile;
-    Barrier::arrive(&sh.tile_full[q]);
+    if (leader) {
+      sh.tile_ids[q] = tile;
+      Barrier::arrive(&sh.tile_full[q]);
+    }
     if (tile >= p.n_tiles) break;
-    const int following = next_tile(p, tile);  // asked now: the atomic's latency overlaps this tile's loads
+    // Asked now by lane 0, read by the others at the tile's end: the atomic's latency overlaps the loads.
+    const int following = leader ? next_tile(p, tile) : 0;
     const int group = tile % p.n_groups, token0 = tile / p.n_groups * Cfg::kTokens;
     int line[2];
     const int lines = group_lines<Cfg>(p, group, line);
     if constexpr (B == 64) {
-      int e0 = __ldg(p.offsets + line[0]), end0 = __ldg(p.offsets + line[0] + 1);
-      int e1 = 0, end1 = 0;
+      int e0 = __ldg(p.offsets + line[0]), e1 = 0, end1 = 0;
+      LineWindow w0 = open_window(p, e0, __ldg(p.offsets + line[0] + 1), lane);
       if (lines == 2) e1 = __ldg(p.offsets + line[1]), end1 = __ldg(p.offsets + line[1] + 1);
-      while (e0 < end0 || e1 < end1) {
-        const int k0 = e0 < end0 ? __ldg(p.keys + e0) : INT_MAX;
-        const int k1 = e1 < end1 ? __ldg(p.keys + e1) : INT_MAX;
+      LineWindow w1 = open_window(p, e1, end1, lane);
+      while (e0 < w0.end || e1 < w1.end) {
+        int slot0, slot1;
+        const int k0 = window_key(p, w0, e0, lane, slot0);
+        const int k1 = window_key(p, w1, e1, lane, slot1);
         const int key = min(k0, k1);
         const bool has0 = k0 == key, has1 = k1 == key;
-        const int slot0 = has0 ? slot_of(e0) : 0, slot1 = has1 ? slot_of(e1) : 0;
         e0 += has0;
         e1 += has1;
-        const bool last = !(e0 < end0 || e1 < end1);
+        const bool last = !(e0 < w0.end || e1 < w1.end);
         const int s = next_stage(int(has0) | (int(has1) << 1) | (int(last) << 2), int(has0) + int(has1));
-        tma_load_2d(sh.stages[s].act, &p.act_map, &sh.full[s], key * B, token0);
-        if (has0) tma_load_2d(sh.stages[s].w[0], &p.data_map, &sh.full[s], 0, slot0 * B);
-        if (has1) tma_load_2d(sh.stages[s].w[1], &p.data_map, &sh.full[s], 0, slot1 * B);
+        if (leader) {
+          tma_load_2d(sh.stages[s].act, &p.act_map, &sh.full[s], key * B, token0);
+          if (has0) tma_load_2d(sh.stages[s].w[0], &p.data_map, &sh.full[s], 0, slot0 * B);
+          if (has1) tma_load_2d(sh.stages[s].w[1], &p.data_map, &sh.full[s], 0, slot1 * B);
+        }
       }
     } else {
       const int begin = __ldg(p.offsets + line[0]), end = __ldg(p.offsets + line[0] + 1);
+      LineWindow w = open_window(p, begin, end, lane);
       for (int e = begin; e < end; ++e) {
-        const int key = __ldg(p.keys + e), slot = slot_of(e);
+        int slot;
+        const int key = window_key(p, w, e, lane, slot);
         for (int half = 0; half < 2; ++half) {
           const bool last = e + 1 == end && half == 1;
           const int s = next_stage(3 | (int(last) << 2), 2);
+          if (!leader) continue;
           tma_load_2d(sh.stages[s].act, &p.act_map, &sh.full[s], key * B + half * 64, token0);
           for (int h = 0; h < 2; ++h) {
             // dsd: rows h*64.. of the block, k-step `half`; dds (W_b^T): rows (reduction) `half`, columns h*64..
@@ -275,7 +327,7 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
         }
       }
     }
-    tile = following;
+    tile = __shfl_sync(0xffffffffu, following, 0);
   }
 }
 
@@ -300,7 +352,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
-    if (threadIdx.x == 0) produce<Cfg>(p, sh);
+    if (threadIdx.x < 32) produce<Cfg>(p, sh);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<232>();
