@@ -37,7 +37,7 @@ def pct(values, q):
 def summarize(label, trace, block):
     per_cta = trace.view(-1, TRACE_STAGES, FIELDS).cpu().tolist()
     stamps = [v for cta in per_cta for st in cta if st[1] for v in (st[0], st[4], st[6]) if v]
-    t0, span = min(stamps), max(stamps) - min(stamps)
+    span = max(stamps) - min(stamps)
     wait_empty, issue, between, latency, inflight = [], [], [], [], []
     starved, starved_total = [[], []], [0, 0]
     epilogue, tile_lines, tile_first = [], [], []
