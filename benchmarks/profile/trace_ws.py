@@ -5,6 +5,7 @@ The kernel records nothing by default. To trace, apply the profiling patch, rebu
 
     git apply benchmarks/profile/ws_trace.patch && pip install --no-build-isolation --no-deps -e .
     python benchmarks/profile/trace_ws.py OUT_DIR        # writes OUT_DIR/ws_trace.txt (the summary)
+(the patch also reads PBSNG_WS_CTAS, a cap on the grid, for cases run on fewer SMs)
     git apply -R benchmarks/profile/ws_trace.patch
 
 The patch stamps (globaltimer, 32 ns ticks on an H100), per CTA and pipeline stage: the producer starts
@@ -26,7 +27,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from pytorch_block_sparse_ng import BlockSparseMatrix, _C  # noqa: E402
 
 TRACE_STAGES, FIELDS = 640, 12  # kTraceStages and the stamps per stage in the patch
-CASES = (("dsd", 64, 0.5), ("dsd", 64, 1.0), ("dsd", 64, 0.25), ("dds", 64, 0.5), ("dsd", 128, 0.5))
+# (op, block, density, CTAs: None = one per SM; fewer CTAs put less traffic on L2 for the same per-CTA work)
+CASES = (("dsd", 64, 0.5, None), ("dsd", 64, 1.0, None), ("dsd", 64, 0.25, None), ("dds", 64, 0.5, None),
+         ("dsd", 128, 0.5, None), ("dsd", 64, 0.5, 66), ("dsd", 64, 0.5, 33), ("dsd", 64, 1.0, 66))
 
 
 def pct(values, q):
@@ -105,7 +108,7 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     trace = torch.zeros(sms * TRACE_STAGES * FIELDS, dtype=torch.int64, device="cuda")
     report = [f"{torch.cuda.get_device_name()}, bf16 {m} x {k} -> {n}"]
-    for op, block, density in CASES:
+    for op, block, density, ctas in CASES:
         torch.manual_seed(0)
         mat = BlockSparseMatrix.randn((n, k), density=density, block_shape=(block, block), dtype=torch.bfloat16,
                                       device="cuda")
@@ -115,10 +118,14 @@ def main():
             run()
         trace.zero_()
         os.environ["PBSNG_WS_TRACE"] = str(trace.data_ptr())
+        if ctas:
+            os.environ["PBSNG_WS_CTAS"] = str(ctas)
         run()
         torch.cuda.synchronize()
-        del os.environ["PBSNG_WS_TRACE"]
-        report.append(summarize(f"{op} block {block} density {density}", trace, block))
+        os.environ.pop("PBSNG_WS_TRACE")
+        os.environ.pop("PBSNG_WS_CTAS", None)
+        report.append(summarize(f"{op} block {block} density {density}" + (f", {ctas} CTAs" if ctas else ""),
+                                trace, block))
         print(report[-1], flush=True)
     with open(os.path.join(out, "ws_trace.txt"), "w") as f:
         f.write("\n".join(report) + "\n")
