@@ -8,8 +8,9 @@ The kernel records nothing by default. To trace, apply the profiling patch, rebu
 (the patch also reads PBSNG_WS_CTAS, a cap on the grid, for cases run on fewer SMs)
     git apply -R benchmarks/profile/ws_trace.patch
 
-The patch stamps (globaltimer, 32 ns ticks on an H100), per CTA and pipeline stage: the producer starts
-waiting for an empty slot, gets it, has issued the loads; each consumer starts waiting for the full slot, its
+The patch stamps (globaltimer, 32 ns ticks on an H100), per CTA and pipeline stage: producer warp 0 starts
+waiting for an empty slot, gets it, has issued the activation load (block 64; before session 8's second
+producer warp: all of the stage's loads); each consumer starts waiting for the full slot, its
 wait returns; at a tile's first stage, when each consumer has the tile's number and its lines' block counts.
 The summary per case: the producer's time waiting for free slots, issuing, and between issue and the next wait;
 each consumer's time starved (waiting for data); the load latency (issue to arrival) of the stages a consumer

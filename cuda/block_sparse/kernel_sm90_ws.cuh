@@ -13,9 +13,9 @@
 // takes from a global counter when its producer is ready for them (tiles differ most in cost at low density;
 // a fixed round-robin left SMs idle at the end there) or round-robin (faster above density 0.2; the host
 // decides), and hands each tile's number to the consumers through a small mbarrier queue in shared memory.
-// Warp 0 of warpgroup 0 walks the block lists and its lane 0 issues the TMA loads into 3 or 4 stages (4 by
-// default: more bytes in flight measured 3-7 % faster), running ahead into the next tile while the consumers
-// finish the current one; the two consumer warpgroups own 64 features each:
+// Two warps of warpgroup 0 walk the block lists and issue the TMA loads (activation and W tiles from one warp
+// each) into 3 or 4 stages (4 by default: more bytes in flight measured 3-7 % faster), running ahead into the
+// next tile while the consumers finish the current one; the two consumer warpgroups own 64 features each:
 //   block 64:  consumer h owns line order[2g + h] (layout.pair_order puts lines that share many blocks side by
 //              side, largest union first). The producer merges the two lines' sorted block lists, so an
 //              activation tile needed by both lines is loaded once; the consumer whose line lacks that block
@@ -249,20 +249,25 @@ __device__ __forceinline__ int window_key(const KernelParams& p, LineWindow& w, 
   return e < w.end ? key : INT_MAX;
 }
 
-// The producer: warp 0 of warpgroup 0. All its lanes walk the block lists (see LineWindow); lane 0 hands out
-// tiles and issues the TMA loads.
+// The producer: warps 0 and 1 of warpgroup 0. Both walk the block lists (see LineWindow) and wait for the same
+// free slots; lane 0 of warp 0 hands out the tiles, arms each stage's barrier and loads the activation tile,
+// lane 0 of warp 1 loads the W tiles (it follows warp 0's tiles through the tile queue). The TMA issue itself
+// is slow when the memory system is busy (~0.1 us per instruction, H100 trace), and issuing from two warps
+// made the block 64 dsd / dds 1-3 % faster (H100 A/B, benchmarks/results/ab_split_issue_*.txt).
 template <class Cfg>
 __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::SharedStorage& sh) {
   using Barrier = cutlass::arch::ClusterBarrier;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int S = Cfg::kStages, B = Cfg::Block;
-  const int lane = threadIdx.x % 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const bool leader = lane == 0;
+  const bool issue_act = leader && warp == 0;
+  const bool issue_w = leader && warp == 1;
   int it = 0;
   auto next_stage = [&](int flags, int w_tiles) -> int {
     const int s = it % S;
     Barrier::wait(&sh.empty[s], ((it / S) & 1) ^ 1);
-    if (leader) {
+    if (issue_act) {
       sh.flags[s] = flags;
       TxBarrier::arrive_and_expect_tx(&sh.full[s], Cfg::kActTileBytes + w_tiles * Cfg::kWTileBytes);
     }
@@ -273,14 +278,20 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
   for (int n = 0;; ++n) {
     // Hand the tile to the consumers (a number >= n_tiles tells them to stop).
     const int q = n % Cfg::kTileSlots;
-    Barrier::wait(&sh.tile_empty[q], ((n / Cfg::kTileSlots) & 1) ^ 1);
-    if (leader) {
-      sh.tile_ids[q] = tile;
-      Barrier::arrive(&sh.tile_full[q]);
+    if (warp == 0) {
+      Barrier::wait(&sh.tile_empty[q], ((n / Cfg::kTileSlots) & 1) ^ 1);
+      if (leader) {
+        sh.tile_ids[q] = tile;
+        Barrier::arrive(&sh.tile_full[q]);
+      }
+    } else {  // the W-issuing warp follows warp 0's tiles through the queue
+      Barrier::wait(&sh.tile_full[q], (n / Cfg::kTileSlots) & 1);
+      tile = *reinterpret_cast<volatile int*>(&sh.tile_ids[q]);
+      Barrier::arrive(&sh.tile_empty[q]);
     }
     if (tile >= p.n_tiles) break;
     // Asked now by lane 0, read by the others at the tile's end: the atomic's latency overlaps the loads.
-    const int following = leader ? next_tile(p, tile) : 0;
+    const int following = issue_act ? next_tile(p, tile) : 0;
     const int group = tile % p.n_groups, token0 = tile / p.n_groups * Cfg::kTokens;
     int line[2];
     const int lines = group_lines<Cfg>(p, group, line);
@@ -299,8 +310,8 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
         e1 += has1;
         const bool last = !(e0 < w0.end || e1 < w1.end);
         const int s = next_stage(int(has0) | (int(has1) << 1) | (int(last) << 2), int(has0) + int(has1));
-        if (leader) {
-          tma_load_2d(sh.stages[s].act, &p.act_map, &sh.full[s], key * B, token0);
+        if (issue_act) tma_load_2d(sh.stages[s].act, &p.act_map, &sh.full[s], key * B, token0);
+        if (issue_w) {
           if (has0) tma_load_2d(sh.stages[s].w[0], &p.data_map, &sh.full[s], 0, slot0 * B);
           if (has1) tma_load_2d(sh.stages[s].w[1], &p.data_map, &sh.full[s], 0, slot1 * B);
         }
@@ -314,8 +325,8 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
         for (int half = 0; half < 2; ++half) {
           const bool last = e + 1 == end && half == 1;
           const int s = next_stage(3 | (int(last) << 2), 2);
-          if (!leader) continue;
-          tma_load_2d(sh.stages[s].act, &p.act_map, &sh.full[s], key * B + half * 64, token0);
+          if (issue_act) tma_load_2d(sh.stages[s].act, &p.act_map, &sh.full[s], key * B + half * 64, token0);
+          if (!issue_w) continue;
           for (int h = 0; h < 2; ++h) {
             // dsd: rows h*64.. of the block, k-step `half`; dds (W_b^T): rows (reduction) `half`, columns h*64..
             if constexpr (Cfg::TransposeW) {
@@ -344,7 +355,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
   if (threadIdx.x == 0) {
     for (int q = 0; q < Cfg::kTileSlots; ++q) {
       Barrier::init(&sh.tile_full[q], 1);
-      Barrier::init(&sh.tile_empty[q], 256);
+      Barrier::init(&sh.tile_empty[q], 256 + 32);  // both consumers and the W-issuing producer warp
     }
   }
   init_pipeline<S>(sh.full, sh.empty, 256);  // its fence covers the inits above (same thread)
@@ -352,7 +363,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
-    if (threadIdx.x < 32) produce<Cfg>(p, sh);
+    if (threadIdx.x < 64) produce<Cfg>(p, sh);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<232>();
