@@ -290,7 +290,8 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
       Barrier::arrive(&sh.tile_empty[q]);
     }
     if (tile >= p.n_tiles) break;
-    // Asked now by lane 0, read by the others at the tile's end: the atomic's latency overlaps the loads.
+    // Asked now by lane 0 of warp 0, read by its other lanes at the tile's end: the atomic's latency overlaps
+    // the loads.
     const int following = issue_act ? next_tile(p, tile) : 0;
     const int group = tile % p.n_groups, token0 = tile / p.n_groups * Cfg::kTokens;
     int line[2];
