@@ -3,12 +3,15 @@ every variant alike.
 
     python benchmarks/ab_experiment.py --variants new=,old=PBSNG_EXPERIMENT_X=1 [--ops dsd,dds,sdd]
         [--rounds 5] [--shape 8192x4096x4096] [--blocks 64,128] [--densities 0.1,0.25,0.5,1.0]
+    python benchmarks/ab_experiment.py --variants three=set_hopper_pipeline_stages=3,four=set_hopper_pipeline_stages=4
 
 For experiment builds: main reads no PBSNG_EXPERIMENT_* variable. An experiment adds one, read by the host
 launcher at every launch (std::getenv, then a kernel parameter), so one process times all variants; the
-results of past experiments are in benchmarks/results/ab_*.txt with the variants they compared.
---variants: name=VAR=value[+VAR=value...] per variant, comma separated (an empty setting keeps the defaults). The
-first variant is the reference of the ratios. Each round draws a fresh random pattern and times every variant
+results of past experiments are in benchmarks/results/ab_*.txt with the variants they compared. The second
+example compares settings of a tuning knob of _C instead.
+--variants: name=VAR=value[+VAR=value...] per variant, comma separated (an empty setting keeps the defaults;
+a VAR named set_* is the _C knob of that name, called with the value). The first variant is the reference of
+the ratios. Each round draws a fresh random pattern and times every variant
 once (median of 30 CUDA-event timings) in a rotating order; the table gives the median over rounds of each
 variant's time, its ratio to the first variant of the same round, and the first variant's spread.
 The sdd runs with the bias gradient (what the layer's backward calls).
@@ -34,12 +37,20 @@ def parse_variants(text):
 
 
 def with_env(env, fn):
+    """fn run with the variant's settings: environment variables, and knobs of _C named set_* (called with the
+    integer value, the previous value restored afterwards)."""
+    knobs = {key: int(value) for key, value in env.items() if key.startswith("set_")}
+    variables = {key: value for key, value in env.items() if key not in knobs}
+
     def run():
-        saved = {key: os.environ.get(key) for key in env}
-        os.environ.update(env)
+        saved = {key: os.environ.get(key) for key in variables}
+        os.environ.update(variables)
+        saved_knobs = {key: getattr(_C, key)(value) for key, value in knobs.items()}
         try:
             fn()
         finally:
+            for key, value in saved_knobs.items():
+                getattr(_C, key)(value)
             for key, value in saved.items():
                 if value is None:
                     os.environ.pop(key, None)
