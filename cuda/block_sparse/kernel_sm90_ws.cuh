@@ -30,8 +30,8 @@
 //
 // Measured and dropped: sharing activation tiles across 2 or 4 CTAs with cluster multicast (the union of more
 // lines' lists) was 5-50 % slower on an H100 than this kernel without clusters (benchmarks/bench_ops.py);
-// multicasting only the tiles both CTAs of a pair need was 16-38 % slower, and no faster than the same pairs
-// without multicast: L2 reads are not the limit (doc/kernels.md, "Selective activation multicast").
+// multicasting only the tiles both CTAs of a pair need was 16-38 % slower: coupling two CTAs' pipelines cost
+// more than the multicast saved (doc/kernels.md, "Selective activation multicast").
 //
 // Constraints: sm_90a only (other archs compile a trap; the host dispatches by device); fp16 / bf16; blocks
 // 64 and 128; activation row stride a multiple of 16 bytes and 16-byte aligned pointers (bindings.cpp checks).
