@@ -54,6 +54,13 @@ def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+def _rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in dtype, as a new tensor only where the dtype changes. (torch 2.11's dynamo lost the gradient of an
+    autograd.Function whose forward returned ``t.to(t.dtype)`` or an in-place sum: zero grads under
+    torch.compile; tests/test_distributed_and_compile.py.)"""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def _row_chunks(m: int, per_row_elements: int):
     step = max(1, _CHUNK_ELEMENTS // max(1, per_row_elements))
     for start in range(0, m, step):
@@ -73,8 +80,8 @@ def dsd(x: torch.Tensor, data: torch.Tensor, bias: Optional[torch.Tensor], row_o
         weight = _dense_weight(data.to(acc), row_indices, col_indices, n_block_rows, n_block_cols)
         y = x.to(acc) @ weight.T
         if bias is not None:
-            y += bias.to(acc)
-        return y.to(x.dtype)
+            y = y + bias.to(acc)
+        return _rounded(y, x.dtype)
     # Block rows first, so that index_add_ adds whole contiguous [m, BR] slices (fast on CPU).
     y = torch.zeros((n_block_rows, m, br), dtype=acc, device=x.device)
     if nnz:
@@ -87,8 +94,8 @@ def dsd(x: torch.Tensor, data: torch.Tensor, bias: Optional[torch.Tensor], row_o
             y[:, start:stop] = chunk.index_add_(0, rows, torch.bmm(gathered, weight_t))  # bmm: [nnz, m, BR]
     y = y.permute(1, 0, 2).reshape(m, n_block_rows * br)
     if bias is not None:
-        y += bias.to(acc)
-    return y.to(x.dtype)
+        y = y + bias.to(acc)
+    return _rounded(y, x.dtype)
 
 
 def dds(dy: torch.Tensor, data: torch.Tensor, row_offsets: torch.Tensor, col_indices: torch.Tensor,
@@ -102,7 +109,7 @@ def dds(dy: torch.Tensor, data: torch.Tensor, row_offsets: torch.Tensor, col_ind
     acc = _accumulation_dtype(dy.dtype)
     if _use_dense_strategy(nnz, n_block_rows, n_block_cols):
         weight = _dense_weight(data.to(acc), row_indices, col_indices, n_block_rows, n_block_cols)
-        return (dy.to(acc) @ weight).to(dy.dtype)
+        return _rounded(dy.to(acc) @ weight, dy.dtype)
     dx = torch.zeros((n_block_cols, m, bc), dtype=acc, device=dy.device)
     if nnz:
         dyb = dy.reshape(m, n_block_rows, br)
@@ -114,7 +121,7 @@ def dds(dy: torch.Tensor, data: torch.Tensor, row_offsets: torch.Tensor, col_ind
             gathered = dyb[start:stop].to(acc).index_select(1, rows).transpose(0, 1)  # [nnz, m, BR]
             chunk = torch.zeros((n_block_cols, stop - start, bc), dtype=acc, device=dy.device)
             dx[:, start:stop] = chunk.index_add_(0, cols, torch.bmm(gathered, weight))  # bmm: [nnz, m, BC]
-    return dx.permute(1, 0, 2).reshape(m, n_block_cols * bc).to(dy.dtype)
+    return _rounded(dx.permute(1, 0, 2).reshape(m, n_block_cols * bc), dy.dtype)
 
 
 def sdd(dy: torch.Tensor, x: torch.Tensor, row_offsets: torch.Tensor, col_indices: torch.Tensor,
@@ -130,7 +137,7 @@ def sdd(dy: torch.Tensor, x: torch.Tensor, row_offsets: torch.Tensor, col_indice
     if _use_dense_strategy(nnz, n_block_rows, n_block_cols):
         dense = dy.to(acc).T @ x.to(acc)  # (N, K)
         tiles = dense.view(n_block_rows, br, n_block_cols, bc).permute(0, 2, 1, 3)
-        return tiles[row_indices.long(), col_indices.long()].to(x.dtype)
+        return _rounded(tiles[row_indices.long(), col_indices.long()], x.dtype)
     grad = torch.zeros((nnz, br, bc), dtype=acc, device=x.device)
     if nnz:
         dyb = dy.reshape(m, n_block_rows, br)
@@ -140,4 +147,4 @@ def sdd(dy: torch.Tensor, x: torch.Tensor, row_offsets: torch.Tensor, col_indice
             g_dy = dyb[start:stop].to(acc).index_select(1, rows).permute(1, 2, 0)  # [nnz, BR, m]
             g_x = xb[start:stop].to(acc).index_select(1, cols).transpose(0, 1)  # [nnz, m, BC]
             grad.baddbmm_(g_dy, g_x)
-    return grad.to(x.dtype)
+    return _rounded(grad, x.dtype)
