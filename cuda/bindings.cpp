@@ -3,7 +3,8 @@
 // on PyTorch's current stream. No host synchronisation; the only allocations are the outputs (and the fp32
 // partial sums of a split sdd). Index *contents* are trusted: they come from layout.py.
 //
-// Wrapped as torch.library custom ops by pytorch_block_sparse_ng/_ops.py, the only importer of this module.
+// Wrapped as torch.library custom ops by pytorch_block_sparse_ng/_ops.py, the only importer of this module;
+// `linear` (linear_autograd.cpp) is the layer's eager autograd function.
 
 #include <algorithm>
 #include <optional>
@@ -22,6 +23,7 @@
 
 #include "block_sparse/params.h"
 #include "checks.h"
+#include "ops.h"
 
 // cuda_build.py passes the arch list as a pp-number such as 80_90a (no quotes or ';' survive the ninja
 // command line); it is turned into the string "80_90a" here.
@@ -201,6 +203,8 @@ int64_t set_hopper_min_rows(int64_t rows) {
   return exchange_knob(g_hopper_min_rows, rows, 1, "set_hopper_min_rows", "rows");
 }
 
+}  // namespace
+
 at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<at::Tensor>& bias,
                const at::Tensor& row_offsets, const at::Tensor& col_indices, const at::Tensor& row_indices,
                const at::Tensor& col_offsets_t, const at::Tensor& row_indices_t, const at::Tensor& perm_t,
@@ -345,9 +349,13 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
   splits = std::min<int64_t>(splits, 65535);
   const bool fused_bias = with_bias && hopper;
   const int64_t size = nnz * block * block;
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
   at::Tensor out, bias_grad, sums_f32;
-  if (splits > 1) {  // one zeroed fp32 buffer: the blocks, then the bias gradient
-    sums_f32 = at::zeros({size + (fused_bias ? n : 0)}, dy.options().dtype(at::kFloat));
+  if (splits > 1) {  // one fp32 buffer, zeroed by a memset node (less host time than at::zeros): the blocks, then
+                     // the bias gradient
+    sums_f32 = at::empty({size + (fused_bias ? n : 0)}, dy.options().dtype(at::kFloat));
+    const cudaError_t err = cudaMemsetAsync(sums_f32.data_ptr(), 0, sums_f32.numel() * sizeof(float), stream);
+    TORCH_CHECK(err == cudaSuccess, cat(kSdd, ": zeroing the fp32 partial sums failed: ", cudaGetErrorString(err)));
   } else {
     out = at::empty({nnz, block, block}, dy.options());
     if (fused_bias) bias_grad = at::empty({n}, dy.options());
@@ -358,7 +366,6 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
               fused_bias && splits > 1 ? f32 + size : nullptr, row_offsets.data_ptr<int32_t>(),
               row_indices.data_ptr<int32_t>(), col_indices.data_ptr<int32_t>(), m, nnz, int(pat.n_block_rows),
               int(pat.n_block_cols), block, int(splits)};
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
   if (hopper) {
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_sdd_sm90<DType::kFloat16>(p, stream)
                                                  : launch_sdd_sm90<DType::kBFloat16>(p, stream), kSdd);
@@ -374,6 +381,8 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
   if (with_bias) bias_result = fused_bias ? bias_grad : dy.sum(0);
   return {out, bias_result};
 }
+
+namespace {
 
 // True when this build holds kernels that run on the given device (checked through the CUDA runtime).
 bool device_supported(int64_t device) {
@@ -406,6 +415,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("row_indices"), pybind11::arg("col_offsets_t"), pybind11::arg("row_indices_t"),
         pybind11::arg("perm_t"), pybind11::arg("row_order"), pybind11::arg("col_order"),
         pybind11::arg("block_shape"), pybind11::arg("with_bias") = false);
+  m.def("linear", &pbsng::linear,
+        "y = x W^T + bias with its backward (dds, sdd, bias sum) attached as a C++ autograd node (eager mode)",
+        pybind11::arg("x"), pybind11::arg("data"), pybind11::arg("bias"), pybind11::arg("index"));
   m.def("device_supported", &pbsng::device_supported, "whether this build has kernels for the device",
         pybind11::arg("device"));
   m.def("set_hopper_kernels", &pbsng::set_hopper_kernels,

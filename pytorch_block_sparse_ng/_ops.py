@@ -217,4 +217,13 @@ def sdd_with_bias_grad(dy: Tensor, x: Tensor, *args) -> Tuple[Tensor, Tensor]:
     return _sdd_with_bias_grad(dy, x, *index, [int(b) for b in block_shape])
 
 
+def linear(x: Tensor, data: Tensor, bias: Optional[Tensor], *index: Tensor) -> Optional[Tensor]:
+    """y = x Wᵀ + bias with its backward (dds, sdd, the bias sum) attached as the extension's C++ autograd node,
+    whose backward runs on the autograd engine's device thread without the GIL. Eager mode on plain tensors
+    only: returns None under tracing, where functional.BlockSparseLinearFunction over the custom ops is used."""
+    if not _eager(x):
+        return None
+    return _C.linear(x, data, bias, index)
+
+
 ops = (_dsd, _dds, _sdd, _sdd_with_bias_grad)  # for torch.library.opcheck in the tests

@@ -16,7 +16,8 @@ import torch
 
 from . import _extension, reference
 
-__all__ = ["set_backend", "get_backend", "use_backend", "kernels_available", "dsd", "dds", "sdd", "sdd_with_bias_grad"]
+__all__ = ["set_backend", "get_backend", "use_backend", "kernels_available", "dsd", "dds", "sdd", "sdd_with_bias_grad",
+           "linear_with_grad"]
 
 _BACKENDS = ("auto", "reference")
 _ENV_VAR = "PYTORCH_BLOCK_SPARSE_NG_BACKEND"
@@ -91,3 +92,12 @@ def sdd_with_bias_grad(dy: torch.Tensor, x: torch.Tensor, data: torch.Tensor,
     if ops is not None:
         return ops.sdd_with_bias_grad(dy, x, *index, data.shape[1:])
     return reference.sdd(dy, x, *index, tuple(data.shape[1:])), dy.sum(0)
+
+
+def linear_with_grad(x: torch.Tensor, data: torch.Tensor, bias: Optional[torch.Tensor],
+                     *index: torch.Tensor) -> Optional[torch.Tensor]:
+    """y = x Wᵀ + bias with its backward attached, by the kernels' C++ autograd node where they compute this case
+    in eager mode (its backward needs no GIL); None elsewhere: the caller then uses
+    functional.BlockSparseLinearFunction, whose backward calls dsd / dds / sdd above."""
+    ops = _kernels_for(x, data)
+    return None if ops is None else ops.linear(x, data, bias, *index)

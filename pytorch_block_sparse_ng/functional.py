@@ -4,6 +4,10 @@ One ``torch.autograd.Function`` for the whole layer: forward is ``dsd``, backwar
 and ``sdd`` (grad of the kept blocks only) with the bias sum (fused into the sdd kernel where it can). Every
 index tensor is an argument and only tensors are saved, so the Function holds no module and is safe for
 ``torch.compile`` and DDP.
+
+In eager mode, where the CUDA kernels compute the case, the same Function is the extension's C++ autograd node
+(``_C.linear``, cuda/linear_autograd.cpp): the engine runs a CUDA backward on its device thread, and a C++
+backward does not wait for the GIL there. The Python Function serves the reference path and traced code.
 """
 
 from __future__ import annotations
@@ -59,22 +63,29 @@ def block_sparse_linear(x: torch.Tensor, weight: BlockSparseMatrix, bias: Option
     data = weight.data
     if x.device != data.device:
         raise ValueError(f"block_sparse_linear: x is on {x.device} but the weight is on {data.device}")
-    lead_shape = x.shape[:-1]
     index = weight.indices()
+    flat = x.dim() == 2  # 2-D inputs skip the reshape and view nodes (engine time per backward)
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
-        x2d = x.reshape(-1, in_features).to(dtype).contiguous()
+        x2d = (x if flat else x.reshape(-1, in_features)).to(dtype).contiguous()
         bias = bias.to(dtype) if bias is not None else None
         with torch.autocast(x.device.type, enabled=False):  # the products must not be re-cast inside
-            y = BlockSparseLinearFunction.apply(x2d, data.to(dtype), bias, *index)
+            y = _linear_with_grad(x2d, data.to(dtype), bias, index)
     else:
         if x.dtype != data.dtype or (bias is not None and bias.dtype != data.dtype):
             raise TypeError(f"block_sparse_linear: x.dtype={x.dtype}, weight dtype={data.dtype} and bias dtype="
                             f"{None if bias is None else bias.dtype} must be equal (or run under torch.autocast)")
-        x2d = x.reshape(-1, in_features).contiguous()
+        x2d = (x if flat else x.reshape(-1, in_features)).contiguous()
         if torch.is_grad_enabled() and (x.requires_grad or data.requires_grad
                                         or (bias is not None and bias.requires_grad)):
-            y = BlockSparseLinearFunction.apply(x2d, data, bias, *index)
+            y = _linear_with_grad(x2d, data, bias, index)
         else:  # inference: skip the autograd.Function (tens of microseconds of host time per call)
             y = backend.dsd(x2d, data, bias, *index)
-    return y.view(*lead_shape, out_features)
+    return y if flat else y.view(*x.shape[:-1], out_features)
+
+
+def _linear_with_grad(x2d, data, bias, index):
+    """The product with its backward attached: the kernels' C++ autograd node in eager mode where they compute
+    the case, else the Python Function (reference backend, CPU, torch.compile tracing)."""
+    y = backend.linear_with_grad(x2d, data, bias, *index)
+    return y if y is not None else BlockSparseLinearFunction.apply(x2d, data, bias, *index)

@@ -312,6 +312,62 @@ def test_block_sparse_linear_3d_noncontiguous_forward_backward(dtype, block):
 
 @pytest.mark.cuda
 @requires_kernels
+@pytest.mark.parametrize("shape", ((300, 512), (3, 100, 512)), ids=("2d", "3d"))
+@pytest.mark.parametrize("with_bias", (True, False), ids=("bias", "no_bias"))
+@pytest.mark.parametrize("wants", ("all", "x", "weight", "bias"))
+@pytest.mark.parametrize("block", BLOCKS)
+def test_eager_autograd_node_matches_the_python_function(block, wants, with_bias, shape):
+    """In eager mode the layer's backward is the extension's C++ autograd node (_C.linear); it gives the
+    gradients the Python Function gives over the same kernels, for every subset of inputs that want one, and
+    none to the others."""
+    from pytorch_block_sparse_ng import _ops
+    from pytorch_block_sparse_ng.functional import BlockSparseLinearFunction
+
+    if wants == "bias" and not with_bias:
+        pytest.skip("no bias to differentiate")
+    generator = torch.Generator().manual_seed(block + len(shape))
+    layer = BlockSparseLinear(512, 384, bias=with_bias, density=0.3, block_shape=(block, block),
+                              generator=generator).cuda().to(torch.bfloat16)
+    x = torch.randn(shape, generator=generator).cuda().to(torch.bfloat16)
+    dy = torch.randn(*shape[:-1], 384, generator=generator).cuda().to(torch.bfloat16)
+    data, bias = layer.weight.data, layer.bias
+    x.requires_grad_(wants in ("all", "x"))
+    data.requires_grad_(wants in ("all", "weight"))
+    if bias is not None:
+        bias.requires_grad_(wants in ("all", "bias"))
+    inputs = [t for t in (x, data, bias) if t is not None and t.requires_grad]
+    previous = _ops.set_hopper_min_rows(1)  # the Hopper kernels at these M where the GPU has them
+    try:
+        y = layer(x)
+        assert "LinearFunction" in y.grad_fn.name() or "LinearFunction" in y.grad_fn.next_functions[0][0].name()
+        got = torch.autograd.grad(y, inputs, dy)
+        y_python = BlockSparseLinearFunction.apply(x.reshape(-1, 512), data, bias, *layer.weight.indices())
+        want = torch.autograd.grad(y_python, inputs, dy.reshape(-1, 384))
+    finally:
+        _ops.set_hopper_min_rows(previous)
+    torch.testing.assert_close(y.reshape(-1, 384), y_python, rtol=0, atol=0)
+    for g, w in zip(got, want):
+        # the sdd may split its reduction over atomics: not bitwise reproducible
+        torch.testing.assert_close(g.reshape(w.shape).float(), w.float(), rtol=0,
+                                   atol=2 ** -7 * w.float().abs().max().item())
+    for t in (x, data, bias):
+        if t is not None:
+            t.requires_grad_(False)
+    assert data.grad is None and x.grad is None
+
+
+@pytest.mark.cuda
+@requires_kernels
+def test_eager_autograd_node_refuses_double_backward():
+    layer = BlockSparseLinear(256, 128, density=0.5, block_shape=(64, 64)).cuda().half()
+    x = torch.randn(300, 256, device="cuda", dtype=torch.float16, requires_grad=True)
+    y = layer(x)
+    with pytest.raises((ValueError, RuntimeError), match="double backward"):
+        torch.autograd.grad(y.sum(), x, create_graph=True)
+
+
+@pytest.mark.cuda
+@requires_kernels
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t)[6:])
 def test_opcheck(dtype):
     from pytorch_block_sparse_ng import _ops
