@@ -1,0 +1,64 @@
+"""The Hopper sdd's time against its number of working CTAs (wave quantization), over random patterns.
+
+The sdd runs one CTA per (block row, chunk of up to 8 / 2 of its blocks, split of M): the number of CTAs
+that work depends on how many rows leave a partial chunk, and one CTA per SM fits (~217 KB of shared memory).
+For each pattern this prints the working CTAs, their waves on the GPU (CTAs / SMs, x the splits of M), and
+the sdd's time (median of 20, CUDA events).
+
+    python benchmarks/profile/sdd_waves.py --blocks 64,128 --densities 0.25,0.5 --seeds 8
+"""
+import argparse
+import statistics
+
+import torch
+
+from pytorch_block_sparse_ng import BlockSparseMatrix, _C
+
+
+def time_ms(fn, reps=20):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shape", default="8192x4096x4096", help="tokens x in x out")
+    parser.add_argument("--blocks", default="64,128")
+    parser.add_argument("--densities", default="0.25,0.5")
+    parser.add_argument("--seeds", type=int, default=8)
+    args = parser.parse_args()
+    m, k, n = (int(v) for v in args.shape.split("x"))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    print(f"{torch.cuda.get_device_name()}, bf16 {args.shape}, {sms} SMs; sdd with the bias gradient")
+    for block in (int(b) for b in args.blocks.split(",")):
+        chunk = 8 if block == 64 else 2
+        for density in (float(d) for d in args.densities.split(",")):
+            rows = []
+            for seed in range(args.seeds):
+                mat = BlockSparseMatrix.randn((n, k), density=density, block_shape=(block, block),
+                                              dtype=torch.bfloat16, generator=torch.Generator().manual_seed(seed))
+                counts = (mat.row_offsets[1:] - mat.row_offsets[:-1]).tolist()
+                ctas = sum((c + chunk - 1) // chunk for c in counts) + sum(1 for c in counts if c == 0)
+                partial = sum(1 for c in counts if c % chunk)
+                mat = mat.to("cuda")
+                index = mat.indices()
+                ms = time_ms(lambda: _C.sdd(dy, x, *index, [block, block], True))
+                rows.append((ctas, partial, ms))
+            print(f"block {block} density {density}: working CTAs / rows with a partial chunk / ms (waves = CTAs / "
+                  f"{sms}, before any split of M)")
+            for ctas, partial, ms in sorted(rows):
+                print(f"  {ctas:5d} CTAs ({ctas / sms:5.2f} waves)  {partial:3d} partial  {ms:.4f} ms")
+
+
+if __name__ == "__main__":
+    main()
