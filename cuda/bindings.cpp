@@ -189,6 +189,14 @@ int64_t set_hopper_sdd_min_blocks_per_row(int64_t blocks) {
   return exchange_knob(g_hopper_sdd_min_blocks_per_row, blocks, 0, "set_hopper_sdd_min_blocks_per_row", "blocks");
 }
 
+// The Hopper sdd's tail split (kernel_sm90_sdd.cuh): on by default; off for A/B measurements.
+bool g_hopper_sdd_tail_split = true;
+bool set_hopper_sdd_tail_split(bool enabled) {
+  const bool previous = g_hopper_sdd_tail_split;
+  g_hopper_sdd_tail_split = enabled;
+  return previous;
+}
+
 // Pipeline stages of the Hopper dsd / dds: 3 (48 KB each, the 64 KB output tile staged whole) or 4 (its two
 // halves staged one after the other).
 int64_t g_hopper_stages = 4;
@@ -366,6 +374,20 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
               fused_bias && splits > 1 ? f32 + size : nullptr, row_offsets.data_ptr<int32_t>(),
               row_indices.data_ptr<int32_t>(), col_indices.data_ptr<int32_t>(), m, nnz, int(pat.n_block_rows),
               int(pat.n_block_cols), block, int(splits)};
+  // The tail split (kernel_sm90_sdd.cuh, blocks of 128): when the working CTAs may exceed a wave (at most
+  // nnz / chunk + 2 R of them) and M has room for two pieces of kTailMinSteps (16) steps, a workspace and zeroed
+  // counters; the kernel decides whether there is a tail to split.
+  at::Tensor tail;
+  if (hopper && block == 128 && splits == 1 && g_hopper_sdd_tail_split && (m + 63) / 64 >= 32 &&
+      (nnz + sdd_sm90_chunk(block) - 1) / sdd_sm90_chunk(block) + 2 * pat.n_block_rows > sms) {
+    const int64_t floats = sdd_sm90_tail_floats(sms), counters = sdd_sm90_tail_counters(sms);
+    tail = at::empty({floats + counters}, dy.options().dtype(at::kFloat));
+    p.sms = int(sms);
+    p.tail_ws = tail.data_ptr<float>();
+    p.tail_counters = reinterpret_cast<int*>(p.tail_ws + floats);
+    const cudaError_t err = cudaMemsetAsync(p.tail_counters, 0, counters * sizeof(int), stream);
+    TORCH_CHECK(err == cudaSuccess, cat(kSdd, ": zeroing the tail counters failed: ", cudaGetErrorString(err)));
+  }
   if (hopper) {
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_sdd_sm90<DType::kFloat16>(p, stream)
                                                  : launch_sdd_sm90<DType::kBFloat16>(p, stream), kSdd);
@@ -435,6 +457,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_hopper_pipeline_stages", &pbsng::set_hopper_pipeline_stages,
         "pipeline stages of the Hopper dsd / dds, 3 or 4 (default); returns the previous value",
         pybind11::arg("stages"));
+  m.def("set_hopper_sdd_tail_split", &pbsng::set_hopper_sdd_tail_split,
+        "split the Hopper sdd's last partial wave of CTAs over M (True, default); returns the previous setting",
+        pybind11::arg("enabled"));
   m.def("set_hopper_min_rows", &pbsng::set_hopper_min_rows,
         "the fewest rows M for which dsd / dds take the Hopper kernels; returns the previous value",
         pybind11::arg("rows"));

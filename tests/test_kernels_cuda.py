@@ -154,6 +154,61 @@ def test_hopper_path_at_every_m(case):
         _ops.set_hopper_sdd_min_blocks_per_row(previous_sdd)
 
 
+def _sdd_working_ctas(row_counts, chunk, with_bias):
+    """The Hopper sdd's working CTAs for a pattern (kernel_sm90_sdd.cuh): a CTA per chunk of up to `chunk` of a
+    row's blocks, and per row without blocks when it sums the bias."""
+    return sum((c + chunk - 1) // chunk + (with_bias and c == 0) for c in row_counts)
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the Hopper kernels run on sm_90 GPUs only")
+@pytest.mark.parametrize("density, empty_rows, dtype", [(0.6, 0, torch.float16), (0.55, 0, torch.bfloat16),
+                                                        (0.6, 3, torch.bfloat16), (0.4, 5, torch.float16)])
+def test_hopper_sdd_tail_split(density, empty_rows, dtype):
+    """Blocks of 128, more working CTAs than SMs, not a multiple of them: the sdd gives the last partial wave's
+    items to tail pieces over M (fp32 partials summed by the piece that finishes last). Against the reference
+    and against the sdd without the tail split, with and without the bias sum, also for rows without blocks
+    (bias-only items, which come last), and twice in a row (the counters are zeroed per call)."""
+    from pytorch_block_sparse_ng import _C
+
+    block = 128
+    generator = torch.Generator().manual_seed(block + empty_rows)
+    rows, cols, m = 4096 // block, 4096 // block, 4097
+    mask = torch.rand(rows, cols, generator=generator) < density
+    mask[rows - empty_rows:] = False
+    w = BlockSparseMatrix.from_block_mask(mask, (block, block)).to("cuda")
+    counts = (w.row_offsets[1:] - w.row_offsets[:-1]).tolist()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for with_bias in (False, True):  # the kernel's rule (M = 4097: 65 steps, pieces of >= 16)
+        q, e = divmod(_sdd_working_ctas(counts, 2, with_bias), sms)
+        assert q >= 1 and e > 0 and min(sms // e, 65 // 16) >= 2, (q, e, sms)
+    index = w.indices()
+    x = torch.randn(m, 4096, generator=generator).cuda().to(dtype)
+    dy = torch.randn(m, 4096, generator=generator).cuda().to(dtype)
+    bshape = (block, block)
+    torch_dw = (dy.t() @ x).reshape(rows, block, cols, block).transpose(1, 2)[w.row_indices.long(),
+                                                                              w.col_indices.long()]
+    ref = reference.sdd(dy.float(), x.float(), *index, bshape)
+    previous = _C.set_hopper_sdd_tail_split(False)
+    try:
+        untailed = OPS.sdd_with_bias_grad(dy, x, *index, bshape)
+    finally:
+        _C.set_hopper_sdd_tail_split(previous)
+    assert previous  # on by default
+    for _ in range(2):
+        dw = OPS.sdd(dy, x, *index, bshape)
+        assert_like_torch("sdd, tail split", dw, ref, torch_dw)
+        dw_fused, db = OPS.sdd_with_bias_grad(dy, x, *index, bshape)
+        assert_like_torch("sdd with bias, tail split", dw_fused, ref, torch_dw)
+        assert_like_torch("bias gradient, tail split", db, dy.float().sum(0), dy.sum(0))
+        # the same sums in another order: within a rounding of the untailed results
+        for got, want in zip((dw_fused, db), untailed):
+            torch.testing.assert_close(got.float(), want.float(), rtol=0,
+                                       atol=2 * torch.finfo(dtype).eps * want.float().abs().max().item())
+
+
 @pytest.mark.cuda
 @requires_kernels
 @pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
@@ -538,3 +593,5 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
     assert _ops.set_hopper_pipeline_stages(previous) == 3
     with pytest.raises(ValueError, match="stages=5 must be 3 or 4"):
         _ops.set_hopper_pipeline_stages(5)
+    assert _ops.set_hopper_sdd_tail_split(False) is True
+    assert _ops.set_hopper_sdd_tail_split(True) is False

@@ -3,7 +3,8 @@
 The sdd runs one CTA per (block row, chunk of up to 8 / 2 of its blocks, split of M): the number of CTAs
 that work depends on how many rows leave a partial chunk, and one CTA per SM fits (~217 KB of shared memory).
 For each pattern this prints the working CTAs, their waves on the GPU (CTAs / SMs, x the splits of M), and
-the sdd's time (median of 20, CUDA events).
+the sdd's time (median of 20, CUDA events), with and without the tail split (the last partial wave's
+items split over M, kernel_sm90_sdd.cuh).
 
     python benchmarks/profile/sdd_waves.py --blocks 64,128 --densities 0.25,0.5 --seeds 8
 """
@@ -34,6 +35,8 @@ def main():
     parser.add_argument("--blocks", default="64,128")
     parser.add_argument("--densities", default="0.25,0.5")
     parser.add_argument("--seeds", type=int, default=8)
+    parser.add_argument("--tail-split", type=int, default=1, help="1: the sdd's tail split on (default), 0: off; "
+                        "each pattern is also timed with the other setting")
     args = parser.parse_args()
     m, k, n = (int(v) for v in args.shape.split("x"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -53,11 +56,16 @@ def main():
                 mat = mat.to("cuda")
                 index = mat.indices()
                 ms = time_ms(lambda: _C.sdd(dy, x, *index, [block, block], True))
-                rows.append((ctas, partial, ms))
+                previous = _C.set_hopper_sdd_tail_split(not args.tail_split)
+                ms_other = time_ms(lambda: _C.sdd(dy, x, *index, [block, block], True))
+                _C.set_hopper_sdd_tail_split(previous)
+                rows.append((ctas, partial, ms, ms_other))
             print(f"block {block} density {density}: working CTAs / rows with a partial chunk / ms (waves = CTAs / "
                   f"{sms}, before any split of M)")
-            for ctas, partial, ms in sorted(rows):
-                print(f"  {ctas:5d} CTAs ({ctas / sms:5.2f} waves)  {partial:3d} partial  {ms:.4f} ms")
+            other = "without" if args.tail_split else "with"
+            for ctas, partial, ms, ms_other in sorted(rows):
+                print(f"  {ctas:5d} CTAs ({ctas / sms:5.2f} waves)  {partial:3d} partial  {ms:.4f} ms  ({other} the "
+                      f"tail split: {ms_other:.4f} ms)")
 
 
 if __name__ == "__main__":

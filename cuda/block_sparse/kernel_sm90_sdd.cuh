@@ -90,6 +90,9 @@ struct Config {
     alignas(128) T ones[8 * BK];  // B of the bias-gradient sum
     uint64_t full[kStages];
     uint64_t empty[kStages];
+    int tail_last[2];  // per consumer: whether this tail piece finishes its item
+    int item[2];       // the CTA's item (row, slot) as warp 0 decided it
+    int tail[3];       // item number in the tail (-1: the CTA's own item; -2: none), piece, pieces
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
   static_assert(2 * 64 * 256 * 4 <= kStages * int(sizeof(Stage)), "both consumers' fp32 sums fit in the stages");
@@ -107,15 +110,91 @@ struct KernelParams {
   float* bias_grad_f32;  // (N,) fp32, zeroed (splits > 1), or nullptr
   int64_t m;
   int splits;
-  int full_slots;      // n_block_cols / kChunk: grid.y = full_slots + kChunk - 1 (+ 1 with the bias gradient)
+  int full_slots;      // n_block_cols / kChunk: grid.y = item_slots + tail_slots
+  int item_slots;      // full_slots + kChunk - 1 (+ 1 with the bias gradient)
   bool with_bias;
+  // The tail split (splits == 1 only; tail_slots == 0: off). The working CTAs, in dispatch order, make
+  // W = q x sms + e; the last e would run as a wave of their own, so their token steps are split into
+  // `pieces` ranges run by the CTAs of the tail slots, each adding its fp32 partial results into tail_ws; the
+  // piece that finishes its item last (tail_counters, zeroed) sums them and stores the item.
+  int sms;
+  int tail_slots;
+  float* tail_ws;      // sms x 2 consumers x kTailFloats
+  int* tail_counters;  // sms x 2, zeroed
 };
+
+// Floats per consumer in tail_ws: its accumulator fragment (128 values per thread) and its bias-sum fragment
+// (4), as 33 float4 per thread, thread-minor (coalesced).
+constexpr int kTailVec4 = 33;
+constexpr int kTailFloats = kTailVec4 * 4 * 128;
+// The fewest 64-token steps a tail piece gets.
+constexpr int kTailMinSteps = 16;
+
+// Row r's working slots (see sdd_kernel): full chunks in slots 0 .. full - 1, the partial chunk of `rest`
+// blocks in slot full_slots + kChunk - 1 - rest, a row without blocks in slot full_slots + kChunk - 1 (bias).
+template <int kChunk>
+struct RowSlots {
+  int full, partial_slot, bias_slot;  // INT_MAX: none
+  __device__ RowSlots(const KernelParams& p, int blocks) {
+    full = blocks / kChunk;
+    const int rest = blocks % kChunk;
+    partial_slot = rest > 0 ? p.full_slots + kChunk - 1 - rest : INT_MAX;
+    bias_slot = p.with_bias && blocks == 0 ? p.full_slots + kChunk - 1 : INT_MAX;
+  }
+  __device__ int count() const { return full + (partial_slot != INT_MAX) + (bias_slot != INT_MAX); }
+  __device__ int count_before(int slot) const { return min(full, slot) + (partial_slot < slot) + (bias_slot < slot); }
+  __device__ bool works(int slot) const { return slot < full || slot == partial_slot || slot == bias_slot; }
+};
+
+__device__ __forceinline__ int warp_sum(int v) {
+  CUTE_UNROLL
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// By one warp: the working CTAs W and the rank of CTA (row0, slot0) among them in dispatch order (slot-major,
+// then row: the order of blockIdx).
+template <int kChunk>
+__device__ void count_working(const KernelParams& p, int row0, int slot0, int& total, int& rank) {
+  const int lane = threadIdx.x % 32, rows = int(gridDim.x);
+  int t = 0, b = 0;
+  for (int r = lane; r < rows; r += 32) {
+    const RowSlots<kChunk> rs(p, __ldg(p.row_offsets + r + 1) - __ldg(p.row_offsets + r));
+    t += rs.count();
+    b += rs.count_before(slot0) + (r < row0 && rs.works(slot0));
+  }
+  total = warp_sum(t);
+  rank = warp_sum(b);
+}
+
+// By one warp: the (row, slot) of the working CTA of rank `rank`.
+template <int kChunk>
+__device__ void find_working(const KernelParams& p, int rank, int& row, int& slot) {
+  const int lane = threadIdx.x % 32, rows = int(gridDim.x);
+  for (int y = 0; y < p.item_slots; ++y) {
+    for (int r0 = 0; r0 < rows; r0 += 32) {
+      const int r = r0 + lane;
+      const bool works = r < rows && RowSlots<kChunk>(p, __ldg(p.row_offsets + r + 1) - __ldg(p.row_offsets + r)).works(y);
+      unsigned mask = __ballot_sync(0xffffffffu, works);
+      const int c = __popc(mask);
+      if (rank < c) {
+        for (int k = 0; k < rank; ++k) mask &= mask - 1;  // drop the lowest `rank` set bits
+        row = r0 + __ffs(mask) - 1;
+        slot = y;
+        return;
+      }
+      rank -= c;
+    }
+  }
+  row = slot = -1;  // not reached: rank < W
+}
 
 // One consumer warpgroup h: the mainloop over the CTA's token steps and the stores. kBlocks: the chunk's
 // blocks (count > 0); kSum: this warpgroup also sums its dy^T tile (the bias gradient).
 template <class Cfg, bool kBlocks, bool kSum>
 __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::SharedStorage& sh, int h,
-                                        int consumers, int row, int begin, int count, int n_steps) {
+                                        int consumers, int row, int begin, int count, int n_steps, int tail_item,
+                                        int piece, int pieces) {
   using namespace cute;
   using T = typename Cfg::T;
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -157,6 +236,51 @@ __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::Sha
   warpgroup_fence_operand(acc);
   warpgroup_fence_operand(bias_acc);
 
+  bool stages_idle = false;  // barrier 1 passed: every wgmma of the CTA has read its stages
+  // Blocks of 128 only: compiled into the block 64 kernel, this code (registers, spills in the epilogue) made
+  // its sdd 4-10 % slower on an H100 at densities 0.25 and 1.0, and its tail split gained nothing at 0.5.
+  if constexpr (Cfg::Block == 128) {
+  if (tail_item >= 0) {
+    // A tail piece: its fp32 partial results go to tail_ws; the piece that finishes the item last adds the
+    // others' (threadfence-reduction pattern) and stores the item as a whole CTA would.
+    static_assert(decltype(size(acc))::value == 4 * (kTailVec4 - 1) && decltype(size(bias_acc))::value == 4,
+                  "tail_ws holds 128 accumulator and 4 bias values per thread");
+    auto slot_of = [&](int pc) {
+      return reinterpret_cast<float4*>(p.tail_ws) + (size_t(tail_item * pieces + pc) * 2 + h) * (kTailVec4 * 128);
+    };
+    float4* mine = slot_of(piece);
+    CUTE_UNROLL
+    for (int v = 0; v < kTailVec4 - 1; ++v) {
+      mine[v * 128 + tid] = make_float4(acc(4 * v), acc(4 * v + 1), acc(4 * v + 2), acc(4 * v + 3));
+    }
+    mine[(kTailVec4 - 1) * 128 + tid] = make_float4(bias_acc(0), bias_acc(1), bias_acc(2), bias_acc(3));
+    __threadfence();
+    cutlass::arch::NamedBarrier::sync(128, 2 + h);
+    if (tid == 0) sh.tail_last[h] = atomicAdd(p.tail_counters + 2 * tail_item + h, 1) == pieces - 1;
+    cutlass::arch::NamedBarrier::sync(128 * consumers, 1);
+    stages_idle = true;
+    if (!sh.tail_last[h]) return;
+    __threadfence();
+    for (int other = 0; other < pieces; ++other) {
+      if (other == piece) continue;
+      const float4* theirs = slot_of(other);
+      CUTE_UNROLL
+      for (int v = 0; v < kTailVec4 - 1; ++v) {
+        const float4 f = __ldcg(theirs + v * 128 + tid);
+        acc(4 * v) += f.x;
+        acc(4 * v + 1) += f.y;
+        acc(4 * v + 2) += f.z;
+        acc(4 * v + 3) += f.w;
+      }
+      const float4 f = __ldcg(theirs + (kTailVec4 - 1) * 128 + tid);
+      bias_acc(0) += f.x;
+      bias_acc(1) += f.y;
+      bias_acc(2) += f.z;
+      bias_acc(3) += f.w;
+    }
+  }
+  }
+
   if constexpr (kSum) {  // every column of bias_acc holds the sum: column 0 is stored
     Tensor bias_coord = thr_sum.partition_C(make_identity_tensor(Shape<_64, _8>{}));
     CUTE_UNROLL
@@ -176,7 +300,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::Sha
   // Store: accumulator (f, n) -> block j = n / B' of the chunk, element (f', k) of it.
   if (p.splits == 1) {
     // Stage buffers -> out by TMA: 64-column group g of the tile is one 64 x 64 box of `data`.
-    cutlass::arch::NamedBarrier::sync(128 * consumers, 1);  // every wgmma of the CTA has read its stages
+    if (!stages_idle) cutlass::arch::NamedBarrier::sync(128 * consumers, 1);  // every wgmma has read its stages
     T* staged = reinterpret_cast<T*>(&sh.stages[0]) + h * 64 * 256;
     Tensor values = make_tensor_like<T>(acc);
     CUTE_UNROLL
@@ -241,37 +365,85 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_cons
   extern __shared__ char smem_raw[];
   auto& sh = sm90ws::aligned_shared_storage<typename Cfg::SharedStorage>(smem_raw);
 
-  const int row = blockIdx.x;
-  const int row_begin = __ldg(p.row_offsets + row), row_blocks = __ldg(p.row_offsets + row + 1) - row_begin;
-  const int full_chunks = row_blocks / Cfg::kChunk, rest = row_blocks % Cfg::kChunk;
   // Slot y < full_slots: full chunk y of the row; slot full_slots + i: the row's partial chunk if it has
   // kChunk - 1 - i blocks. The hardware hands out CTAs in order of y, so all full chunks go first and the
   // partial ones by decreasing size: the longest-job-first order that keeps the last wave short (Nsight,
   // block 64 density 0.5: SMs were active 76 % of the time with chunks in row order).
   // With the bias gradient, slot full_slots + kChunk - 1 serves rows without blocks (count 0: dy only), and the
-  // CTA of a row's first chunk sums its dy.
-  const int slot = int(blockIdx.y);
+  // CTA of a row's first chunk sums its dy. Slots from item_slots on are the tail pieces (KernelParams).
+  constexpr int C = Cfg::kChunk;
+  const int steps = int((p.m + BK - 1) / BK);
+  int row = int(blockIdx.x), slot = int(blockIdx.y);
+  int tail_item = -1, piece = 0, pieces = 1;
+  const bool tail_cta = slot >= p.item_slots;
+  if (!tail_cta && !RowSlots<C>(p, __ldg(p.row_offsets + row + 1) - __ldg(p.row_offsets + row)).works(slot)) {
+    return;  // most CTAs of the grid: uniform for the whole CTA
+  }
+  if (Cfg::Block == 128 && p.tail_slots > 0) {
+    // Warp 0 counts the working CTAs W = q x sms + e: the last e (in dispatch order) give up their item to
+    // e x pieces tail pieces (pieces <= sms / e, each >= kTailMinSteps token steps), which run as one wave.
+    if (threadIdx.x < 32) {
+      int total, rank;
+      count_working<C>(p, row, tail_cta ? 0 : slot, total, rank);
+      const int q = total / p.sms, e = total - q * p.sms;
+      const int s = e > 0 ? min(p.sms / e, steps / kTailMinSteps) : 0;
+      const bool split = q >= 1 && s >= 2;
+      int item = -2;  // -2: exit; -1: the CTA's own item, whole; >= 0: tail item
+      int item_row = row, item_slot = slot;
+      if (!tail_cta) {
+        item = split && rank >= q * p.sms ? -2 : -1;
+      } else {
+        const int index = (slot - p.item_slots) * int(gridDim.x) + row;
+        if (split && index < e * s) {
+          item = index / s;
+          find_working<C>(p, q * p.sms + item, item_row, item_slot);
+          if (threadIdx.x == 0) {
+            sh.tail[1] = index % s;
+            sh.tail[2] = s;
+          }
+        }
+      }
+      if (threadIdx.x == 0) {
+        sh.tail[0] = item;
+        sh.item[0] = item_row;
+        sh.item[1] = item_slot;
+      }
+    }
+    __syncthreads();
+    tail_item = sh.tail[0];
+    if (tail_item == -2) return;  // uniform
+    row = sh.item[0];
+    slot = sh.item[1];
+    if (tail_item >= 0) {
+      piece = sh.tail[1];
+      pieces = sh.tail[2];
+    }
+  }
+  const int row_begin = __ldg(p.row_offsets + row), row_blocks = __ldg(p.row_offsets + row + 1) - row_begin;
+  const int full_chunks = row_blocks / C, rest = row_blocks % C;
   int begin = row_begin, count = 0;
   bool sums_bias;
-  if (slot == p.full_slots + Cfg::kChunk - 1) {
-    if (row_blocks != 0) return;  // uniform for the whole CTA
+  if (slot == p.full_slots + C - 1) {  // a row without blocks: its bias sum
     sums_bias = true;
   } else if (slot < p.full_slots) {
-    if (slot >= full_chunks) return;
-    begin = row_begin + slot * Cfg::kChunk;
-    count = Cfg::kChunk;
+    begin = row_begin + slot * C;
+    count = C;
     sums_bias = p.with_bias && slot == 0;
   } else {
-    if (rest == 0 || rest != Cfg::kChunk - 1 - (slot - p.full_slots)) return;
-    begin = row_begin + full_chunks * Cfg::kChunk;
+    begin = row_begin + full_chunks * C;
     count = rest;
     sums_bias = p.with_bias && full_chunks == 0;
   }
-  // This CTA's token steps.
-  const int steps = int((p.m + BK - 1) / BK);
-  const int per_split = (steps + p.splits - 1) / p.splits;
-  const int step_begin = min(steps, int(blockIdx.z) * per_split);
-  const int step_end = min(steps, step_begin + per_split);
+  // This CTA's token steps: a split of M (grid.z), or a tail piece's share.
+  int step_begin, step_end;
+  if (tail_item >= 0) {
+    step_begin = int(int64_t(steps) * piece / pieces);
+    step_end = int(int64_t(steps) * (piece + 1) / pieces);
+  } else {
+    const int per_split = (steps + p.splits - 1) / p.splits;
+    step_begin = min(steps, int(blockIdx.z) * per_split);
+    step_end = min(steps, step_begin + per_split);
+  }
   const int n_steps = step_end - step_begin;
   // block 64: consumer h has blocks 4h .. 4h+3 of the chunk (maybe none); block 128: both consumers work.
   const int active_consumers = B == 64 ? (count > 4 ? 2 : 1) : 2;
@@ -325,11 +497,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_cons
   // ptxas serialize the wgmmas (C7520).
   const bool my_bias = sums_bias && (B == 128 || h == 0);
   if (count == 0) {
-    consume<Cfg, false, true>(p, sh, h, active_consumers, row, begin, count, n_steps);
+    consume<Cfg, false, true>(p, sh, h, active_consumers, row, begin, count, n_steps, tail_item, piece, pieces);
   } else if (my_bias) {
-    consume<Cfg, true, true>(p, sh, h, active_consumers, row, begin, count, n_steps);
+    consume<Cfg, true, true>(p, sh, h, active_consumers, row, begin, count, n_steps, tail_item, piece, pieces);
   } else {
-    consume<Cfg, true, false>(p, sh, h, active_consumers, row, begin, count, n_steps);
+    consume<Cfg, true, false>(p, sh, h, active_consumers, row, begin, count, n_steps, tail_item, piece, pieces);
   }
 #else
   __trap();
@@ -339,7 +511,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_cons
 template <class Cfg>
 cudaError_t launch(const void* dy, const void* x, int64_t m, int n_block_rows, int n_block_cols,
                    int64_t nnz, const int32_t* row_offsets, const int32_t* col_indices, void* out,
-                   float* out_f32, void* bias_grad, float* bias_grad_f32, int splits, cudaStream_t stream) {
+                   float* out_f32, void* bias_grad, float* bias_grad_f32, int splits, int sms, float* tail_ws,
+                   int* tail_counters, cudaStream_t stream) {
   if (n_block_rows == 0) return cudaSuccess;
   constexpr int B = Cfg::Block;
   const CUtensorMapDataType dtype = std::is_same<typename Cfg::T, cute::half_t>::value
@@ -365,10 +538,16 @@ cudaError_t launch(const void* dy, const void* x, int64_t m, int n_block_rows, i
   p.with_bias = bias_grad != nullptr || bias_grad_f32 != nullptr;
   p.splits = splits;
   p.full_slots = n_block_cols / Cfg::kChunk;
+  p.item_slots = p.full_slots + Cfg::kChunk - 1 + (p.with_bias ? 1 : 0);
+  p.sms = sms;
+  p.tail_ws = tail_ws;
+  p.tail_counters = tail_counters;
+  // Enough tail slots for up to `sms` pieces (a row per CTA in each).
+  p.tail_slots = B == 128 && splits == 1 && tail_ws != nullptr && tail_counters != nullptr && sms > 0
+                     ? (sms + n_block_rows - 1) / n_block_rows : 0;
   err = sm80::prepare<sdd_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  dim3 grid(unsigned(n_block_rows), unsigned(p.full_slots + Cfg::kChunk - 1 + (p.with_bias ? 1 : 0)),
-            unsigned(splits));
+  dim3 grid(unsigned(n_block_rows), unsigned(p.item_slots + p.tail_slots), unsigned(splits));
   sdd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
@@ -376,7 +555,7 @@ cudaError_t launch(const void* dy, const void* x, int64_t m, int n_block_rows, i
 template <class Cfg>
 cudaError_t launch_config(const SddParams& p, cudaStream_t stream) {
   return launch<Cfg>(p.dy, p.x, p.m, p.n_block_rows, p.n_block_cols, p.nnz, p.row_offsets, p.col_indices, p.out,
-                     p.out_f32, p.bias_grad, p.bias_grad_f32, p.splits, stream);
+                     p.out_f32, p.bias_grad, p.bias_grad_f32, p.splits, p.sms, p.tail_ws, p.tail_counters, stream);
 }
 
 }  // namespace sm90sdd

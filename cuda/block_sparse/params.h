@@ -74,6 +74,11 @@ struct SddParams {
   int n_block_cols;
   int block;
   int splits;               // number of CTAs that share one block's reduction over M
+  // Hopper sdd, splits == 1: the tail split (kernel_sm90_sdd.cuh). sms: CTAs per wave; tail_ws: fp32 workspace of
+  // sdd_sm90_tail_floats(sms) floats; tail_counters: sdd_sm90_tail_counters(sms) zeroed ints. nullptr: off.
+  int sms = 0;
+  float* tail_ws = nullptr;
+  int* tail_counters = nullptr;
 };
 
 // Launchers: one translation unit per product and dtype (dsd_f16.cu, dsd_bf16.cu, ...) specializes each.
@@ -88,6 +93,10 @@ template <DType D> cudaError_t launch_dds_sm90(const DdsParams& p, cudaStream_t 
 // Hopper sdd for blocks 64 and 128: one CTA per (block row, chunk of sdd_sm90_chunk(B) of its blocks, split).
 template <DType D> cudaError_t launch_sdd_sm90(const SddParams& p, cudaStream_t stream);
 inline int sdd_sm90_chunk(int block) { return block == 64 ? 8 : 2; }
+// The tail split's workspace: per piece (at most `sms`) and consumer, 128 threads x 132 fp32 values, and one
+// counter per tail item (at most `sms`) and consumer.
+inline int64_t sdd_sm90_tail_floats(int64_t sms) { return sms * 2 * 132 * 128; }
+inline int64_t sdd_sm90_tail_counters(int64_t sms) { return sms * 2; }
 
 // Number of k-tiles along M of one sdd block, for choosing `splits` (BK depends on the block size).
 int sdd_k_tile_rows(int block);
