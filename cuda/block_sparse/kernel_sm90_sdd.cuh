@@ -22,6 +22,10 @@
 // one extra slot that loads only dy. Block 64: consumer 0 sums (both consumers share A); block 128: each
 // consumer sums its half of the row's features.
 //
+// Tail split (blocks of 128, no split of M): the items of the last partial wave of CTAs are split over M
+// into pieces run by extra CTAs of the tail slots; fp32 partials in a workspace, the last piece to finish adds
+// them and stores (see KernelParams and consume()).
+//
 // Constraints: sm_90a only; fp16 / bf16; blocks 64 and 128; 16-byte aligned activations.
 #pragma once
 
