@@ -7,6 +7,9 @@ The kernel records nothing by default. To trace, apply the profiling patch, rebu
     git apply -R benchmarks/profile/sdd_trace.patch
     python benchmarks/profile/trace_sdd.py --summarize OUT_DIR/sdd_trace.json   # the summary again, no GPU
 
+The patch was made for the sdd before session 10's tail split: it applies to commit 8fed520 (check out that
+commit to trace, or merge the patch into the current kernel_sm90_sdd.cuh / bindings.cpp / params.h first).
+
 The patch gives each CTA 8 int64 slots (globaltimer ns): start, (SM, blocks, block row, sums bias), then per
 consumer: first stage arrived, mainloop done, stores done. The summary gives, per case: the span, the share
 of SM x span that CTAs were resident, per-SM gaps and idle tail, per chunk size the fill / mainloop / store
