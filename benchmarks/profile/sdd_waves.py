@@ -3,30 +3,21 @@
 The sdd runs one CTA per (block row, chunk of up to 8 / 2 of its blocks, split of M): the number of CTAs
 that work depends on how many rows leave a partial chunk, and one CTA per SM fits (~217 KB of shared memory).
 For each pattern this prints the working CTAs, their waves on the GPU (CTAs / SMs, x the splits of M), and
-the sdd's time (median of 20, CUDA events), with and without the tail split (the last partial wave's
-items split over M, kernel_sm90_sdd.cuh).
+the sdd's time (bench_linear.time_ms: median of 30, CUDA events), with and without the tail split (blocks of
+128: the last partial wave's items split over M, kernel_sm90_sdd.cuh).
 
     python benchmarks/profile/sdd_waves.py --blocks 64,128 --densities 0.25,0.5 --seeds 8
 """
 import argparse
-import statistics
+import os
+import sys
 
 import torch
 
-from pytorch_block_sparse_ng import BlockSparseMatrix, _C
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_linear import time_ms  # noqa: E402
 
-
-def time_ms(fn, reps=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events)
+from pytorch_block_sparse_ng import BlockSparseMatrix, _C  # noqa: E402
 
 
 def main():
