@@ -1,7 +1,7 @@
 // pytorch_block_sparse_ng._C: the one PYBIND11_MODULE. Each function checks every argument (device, dtype,
 // contiguity, alignment, shapes, index dtypes and sizes), fills a plain params struct and calls the launcher
 // on PyTorch's current stream. No host synchronisation; the only allocations are the outputs (and the fp32
-// partial sums of a split sdd). Index *contents* are trusted: they come from layout.py.
+// partial sums of a split sdd or of its tail pieces). Index *contents* are trusted: they come from layout.py.
 //
 // Wrapped as torch.library custom ops by pytorch_block_sparse_ng/_ops.py, the only importer of this module;
 // `linear` (linear_autograd.cpp) is the layer's eager autograd function.
@@ -189,7 +189,7 @@ int64_t set_hopper_sdd_min_blocks_per_row(int64_t blocks) {
   return exchange_knob(g_hopper_sdd_min_blocks_per_row, blocks, 0, "set_hopper_sdd_min_blocks_per_row", "blocks");
 }
 
-// The Hopper sdd's tail split (kernel_sm90_sdd.cuh): on by default; off for A/B measurements.
+// The Hopper sdd's tail split (kernel_sm90_sdd.cuh, blocks of 128): on by default; off for A/B measurements.
 bool g_hopper_sdd_tail_split = true;
 bool set_hopper_sdd_tail_split(bool enabled) {
   const bool previous = g_hopper_sdd_tail_split;
@@ -458,7 +458,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "pipeline stages of the Hopper dsd / dds, 3 or 4 (default); returns the previous value",
         pybind11::arg("stages"));
   m.def("set_hopper_sdd_tail_split", &pbsng::set_hopper_sdd_tail_split,
-        "split the Hopper sdd's last partial wave of CTAs over M (True, default); returns the previous setting",
+        "split the Hopper sdd's last partial wave of CTAs over M (blocks of 128; True, default); returns the previous "
+        "setting",
         pybind11::arg("enabled"));
   m.def("set_hopper_min_rows", &pbsng::set_hopper_min_rows,
         "the fewest rows M for which dsd / dds take the Hopper kernels; returns the previous value",
