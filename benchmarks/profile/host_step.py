@@ -78,58 +78,62 @@ def main():
     def step():
         torch.autograd.grad(layer(xg), params, dy)
 
+    def step_python_function():
+        torch.autograd.grad(BlockSparseLinearFunction.apply(xg, data, layer.bias, *index), params, dy)
+
+    def dense_step():
+        torch.autograd.grad(F.linear(xg, w, b), (xg, w, b), dy)
+
+    def forward_no_grad():
+        with torch.no_grad():
+            layer(x)
+
     def raw():
         backend.dsd(x, data.detach(), layer.bias.detach(), *index)
         backend.dds(dy, data.detach(), *index)
         backend.sdd_with_bias_grad(dy, x, data.detach(), *index)
 
-    rows = [("launch: x.add_(0)", lambda: x.add_(0)),
-            ("engine: Identity + autograd.grad", lambda: torch.autograd.grad(_Identity.apply(xg), xg, dy)),
-            ("dense step: F.linear + autograd.grad", lambda: torch.autograd.grad(F.linear(xg, w, b), (xg, w, b), dy))]
-    with torch.no_grad():
-        rows.append(("ours forward, no_grad", None))
-    def step_python_function():
-        torch.autograd.grad(BlockSparseLinearFunction.apply(xg, data, layer.bias, *index), params, dy)
-
-    rows += [("ours forward, with grad", lambda: layer(xg)),
-             ("ours step: forward + autograd.grad", step),
-             ("ours step through the Python Function", step_python_function),
-             ("ours raw: dsd + dds + sdd, no autograd", raw),
-             ("_C.dsd", lambda: _C.dsd(x, data.detach(), layer.bias.detach(), *index)),
-             ("_C.dds", lambda: _C.dds(dy, data.detach(), *index)),
-             ("_C.sdd with bias", lambda: _C.sdd(dy, x, *index, block_shape, True))]
+    stk_step = None
     try:
         import stk
-        dense_masked = layer.weight.to_dense().detach()
         if args.block == 128:
-            sw = stk.ops.to_sparse(dense_masked, blocking=128)
+            sw = stk.ops.to_sparse(layer.weight.to_dense().detach(), blocking=128)
             swt, dyt = sw.t(), dy.t()
 
-            def stk_step():
+            def stk_ops():
                 stk.ops.dds(x, swt)
                 stk.ops.dds(dy, sw)
                 stk.ops.sdd(dyt, x, sw)
                 dy.sum(0)
 
-            rows.append(("stk step: dds + dds + sdd + sum", stk_step))
+            stk_step = stk_ops
     except ImportError:
         pass
+
+    rows = [("launch: x.add_(0)", lambda: x.add_(0)),
+            ("engine: Identity + autograd.grad", lambda: torch.autograd.grad(_Identity.apply(xg), xg, dy)),
+            ("dense step: F.linear + autograd.grad", dense_step),
+            ("ours forward, no_grad", forward_no_grad),
+            ("ours forward, with grad", lambda: layer(xg)),
+            ("ours step: forward + autograd.grad", step),
+            ("ours step through the Python Function", step_python_function),
+            ("ours raw: dsd + dds + sdd, no autograd", raw),
+            ("_C.dsd", lambda: _C.dsd(x, data.detach(), layer.bias.detach(), *index)),
+            ("_C.dds", lambda: _C.dds(dy, data.detach(), *index)),
+            ("_C.sdd with bias", lambda: _C.sdd(dy, x, *index, block_shape, True))]
+    if stk_step is not None:
+        rows.append(("stk step: dds + dds + sdd + sum", stk_step))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; bf16 {args.shape}, block {args.block}, "
           f"density {args.density}; host µs per call, median of {args.rounds} rounds of {args.calls} calls")
     for name, fn in rows:
-        if fn is None:
-            with torch.no_grad():
-                us = host_us(lambda: layer(x), args.calls, args.rounds)
-        else:
-            us = host_us(fn, args.calls, args.rounds)
-        print(f"  {name:42s} {us:8.1f}", flush=True)
+        print(f"  {name:42s} {host_us(fn, args.calls, args.rounds):8.1f}", flush=True)
     if args.ab_rounds:
         # The device machine's host is noisy (the same row moved 2x between processes): the steps that are
         # compared are timed interleaved, round by round, host time and wall time per step.
         variants = {"ours step, C++ autograd node": step, "ours step, Python Function": step_python_function,
-                    "dense step": rows[2][1]}
-        if rows[-1][0].startswith("stk"):
-            variants["stk step"] = rows[-1][1]
+                    "dense step": dense_step}
+        if stk_step is not None:
+            variants["stk step"] = stk_step
         host = {name: [] for name in variants}
         wall = {name: [] for name in variants}
         for _ in range(args.ab_rounds):

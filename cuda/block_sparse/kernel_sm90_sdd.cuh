@@ -178,7 +178,8 @@ __device__ void find_working(const KernelParams& p, int rank, int& row, int& slo
   for (int y = 0; y < p.item_slots; ++y) {
     for (int r0 = 0; r0 < rows; r0 += 32) {
       const int r = r0 + lane;
-      const bool works = r < rows && RowSlots<kChunk>(p, __ldg(p.row_offsets + r + 1) - __ldg(p.row_offsets + r)).works(y);
+      const bool works =
+          r < rows && RowSlots<kChunk>(p, __ldg(p.row_offsets + r + 1) - __ldg(p.row_offsets + r)).works(y);
       unsigned mask = __ballot_sync(0xffffffffu, works);
       const int c = __popc(mask);
       if (rank < c) {
@@ -244,45 +245,45 @@ __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::Sha
   // Blocks of 128 only: compiled into the block 64 kernel, this code (registers, spills in the epilogue) made
   // its sdd 4-10 % slower on an H100 at densities 0.25 and 1.0, and its tail split gained nothing at 0.5.
   if constexpr (Cfg::Block == 128) {
-  if (tail_item >= 0) {
-    // A tail piece: its fp32 partial results go to tail_ws; the piece that finishes the item last adds the
-    // others' (threadfence-reduction pattern) and stores the item as a whole CTA would.
-    static_assert(decltype(size(acc))::value == 4 * (kTailVec4 - 1) && decltype(size(bias_acc))::value == 4,
-                  "tail_ws holds 128 accumulator and 4 bias values per thread");
-    auto slot_of = [&](int pc) {
-      return reinterpret_cast<float4*>(p.tail_ws) + (size_t(tail_item * pieces + pc) * 2 + h) * (kTailVec4 * 128);
-    };
-    float4* mine = slot_of(piece);
-    CUTE_UNROLL
-    for (int v = 0; v < kTailVec4 - 1; ++v) {
-      mine[v * 128 + tid] = make_float4(acc(4 * v), acc(4 * v + 1), acc(4 * v + 2), acc(4 * v + 3));
-    }
-    mine[(kTailVec4 - 1) * 128 + tid] = make_float4(bias_acc(0), bias_acc(1), bias_acc(2), bias_acc(3));
-    __threadfence();
-    cutlass::arch::NamedBarrier::sync(128, 2 + h);
-    if (tid == 0) sh.tail_last[h] = atomicAdd(p.tail_counters + 2 * tail_item + h, 1) == pieces - 1;
-    cutlass::arch::NamedBarrier::sync(128 * consumers, 1);
-    stages_idle = true;
-    if (!sh.tail_last[h]) return;
-    __threadfence();
-    for (int other = 0; other < pieces; ++other) {
-      if (other == piece) continue;
-      const float4* theirs = slot_of(other);
+    if (tail_item >= 0) {
+      // A tail piece: its fp32 partial results go to tail_ws; the piece that finishes the item last adds the
+      // others' (threadfence-reduction pattern) and stores the item as a whole CTA would.
+      static_assert(decltype(size(acc))::value == 4 * (kTailVec4 - 1) && decltype(size(bias_acc))::value == 4,
+                    "tail_ws holds 128 accumulator and 4 bias values per thread");
+      auto slot_of = [&](int pc) {
+        return reinterpret_cast<float4*>(p.tail_ws) + (size_t(tail_item * pieces + pc) * 2 + h) * (kTailVec4 * 128);
+      };
+      float4* mine = slot_of(piece);
       CUTE_UNROLL
       for (int v = 0; v < kTailVec4 - 1; ++v) {
-        const float4 f = __ldcg(theirs + v * 128 + tid);
-        acc(4 * v) += f.x;
-        acc(4 * v + 1) += f.y;
-        acc(4 * v + 2) += f.z;
-        acc(4 * v + 3) += f.w;
+        mine[v * 128 + tid] = make_float4(acc(4 * v), acc(4 * v + 1), acc(4 * v + 2), acc(4 * v + 3));
       }
-      const float4 f = __ldcg(theirs + (kTailVec4 - 1) * 128 + tid);
-      bias_acc(0) += f.x;
-      bias_acc(1) += f.y;
-      bias_acc(2) += f.z;
-      bias_acc(3) += f.w;
+      mine[(kTailVec4 - 1) * 128 + tid] = make_float4(bias_acc(0), bias_acc(1), bias_acc(2), bias_acc(3));
+      __threadfence();
+      cutlass::arch::NamedBarrier::sync(128, 2 + h);
+      if (tid == 0) sh.tail_last[h] = atomicAdd(p.tail_counters + 2 * tail_item + h, 1) == pieces - 1;
+      cutlass::arch::NamedBarrier::sync(128 * consumers, 1);
+      stages_idle = true;
+      if (!sh.tail_last[h]) return;
+      __threadfence();
+      for (int other = 0; other < pieces; ++other) {
+        if (other == piece) continue;
+        const float4* theirs = slot_of(other);
+        CUTE_UNROLL
+        for (int v = 0; v < kTailVec4 - 1; ++v) {
+          const float4 f = __ldcg(theirs + v * 128 + tid);
+          acc(4 * v) += f.x;
+          acc(4 * v + 1) += f.y;
+          acc(4 * v + 2) += f.z;
+          acc(4 * v + 3) += f.w;
+        }
+        const float4 f = __ldcg(theirs + (kTailVec4 - 1) * 128 + tid);
+        bias_acc(0) += f.x;
+        bias_acc(1) += f.y;
+        bias_acc(2) += f.z;
+        bias_acc(3) += f.w;
+      }
     }
-  }
   }
 
   if constexpr (kSum) {  // every column of bias_acc holds the sum: column 0 is stored
