@@ -3,8 +3,8 @@
     python benchmarks/ab_hopper_schedule.py [--rounds 5] [--shape 8192x4096x4096]
 
 Variants per (block, density), on a fresh random pattern each round:
-  pair+dyn  the pattern's row_order / col_order (layout.pair_order), tiles from the counter and 4 pipeline
-            stages (the default below density 0.2; "auto" takes pair+rr above)
+  pair+dyn  the pattern's row_order / col_order (layout.pair_order; length_order for blocks of 128), tiles from
+            the counter and 4 pipeline stages (the default)
   pair+rr   the same orders, tiles dealt round-robin
   id+dyn    lines in natural order, tiles from the counter
   3stages   as pair+dyn with 3 pipeline stages (the output tile staged whole instead of in two halves)

@@ -5,8 +5,7 @@
 Prints ms and TFLOP/s on the kept blocks (2 * M * N * K * density / time) next to cuBLAS on the dense problem,
 the SM80 kernel of each product on Hopper GPUs, and dsd / dds with lines in their natural order ("(id)")
 instead of the pattern's row_order / col_order (layout.pair_order), which decide the lines paired in a tile,
-and with the tile schedule that "auto" does not take: round-robin ("(rr)") below density 0.2, the counter
-("(ctr)") above.
+and with the tile schedule that "auto" does not take: round-robin ("(rr)").
 """
 
 import argparse
@@ -97,10 +96,9 @@ def main():
                     times["dsd(id)"] = time_ms(lambda: ops.dsd(x, data, None, *natural))
                 if hopper and op == "dds":
                     times["dds(id)"] = time_ms(lambda: ops.dds(dy, data, *natural))
-                if hopper and op in ("dsd", "dds"):  # the tile schedule that "auto" does not take here
-                    other = "round_robin" if density < 0.2 else "counter"
-                    previous = _ops.set_hopper_tile_schedule(other)
-                    times[f"{op}({'rr' if other == 'round_robin' else 'ctr'})"] = time_ms(run)
+                if hopper and op in ("dsd", "dds"):  # the tile schedule that "auto" does not take
+                    previous = _ops.set_hopper_tile_schedule("round_robin")
+                    times[f"{op}(rr)"] = time_ms(run)
                     _ops.set_hopper_tile_schedule(previous)
                 if hopper:  # the SM80 kernel of the same product, for comparison
                     previous = _ops.set_hopper_kernels(False)

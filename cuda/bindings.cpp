@@ -136,10 +136,11 @@ bool use_hopper_for(int device, int block, int64_t m, int64_t nnz) {
 }
 
 // The Hopper dsd / dds tile schedule. "counter": tiles handed out from a zeroed int32 (allocated per call, a
-// 4-byte memset), so that SMs that finish cheap tiles take more; "round_robin": CTA i takes tiles i, i + grid,
-// ...; "auto" (default): the counter below density 0.2, where tiles differ most in cost, round-robin above.
-// H100, block 64, 4 stages (benchmarks/results/ab_hopper_schedule_4stages_*.txt): the counter 0.6-4.7 % faster
-// at density 0.1, round-robin 2-5 % faster at 0.25 and 0.5.
+// 4-byte memset), so that the SMs that finish first take the next tiles; "round_robin": CTA i takes tiles i,
+// i + grid, ...; "auto" (default): the counter. Since session 11 the producer takes its next tile near the end
+// of its current one and the kernel ends on its shortest tiles (kernel_sm90_ws.cuh, tile_of), and the counter
+// is 0.6-13 % faster than the session 10 kernel (round-robin above density 0.2) in every cell (H100, blocks 64
+// and 128, benchmarks/results/ab_tile_claim_*.txt); before that round-robin was 2-5 % faster at 0.25 and 0.5.
 enum class TileSchedule : int64_t { kAuto = 0, kCounter = 1, kRoundRobin = 2 };
 int64_t g_tile_schedule = int64_t(TileSchedule::kAuto);
 int64_t set_hopper_tile_schedule(int64_t schedule) {
@@ -150,11 +151,9 @@ int64_t set_hopper_tile_schedule(int64_t schedule) {
   return previous;
 }
 
-// The zeroed tile counter for a launch whose pattern keeps `nnz` of `blocks_total` blocks, or an undefined
-// tensor (round-robin).
-at::Tensor tile_counter_for(const at::Tensor& like, int64_t nnz, int64_t blocks_total, cudaStream_t stream) {
-  const bool use_counter = g_tile_schedule == int64_t(TileSchedule::kCounter) ||
-                           (g_tile_schedule == int64_t(TileSchedule::kAuto) && 5 * nnz < blocks_total);
+// The zeroed tile counter for a launch, or an undefined tensor (round-robin).
+at::Tensor tile_counter_for(const at::Tensor& like, cudaStream_t stream) {
+  const bool use_counter = g_tile_schedule != int64_t(TileSchedule::kRoundRobin);
   if (!use_counter) return at::Tensor();
   at::Tensor counter = at::empty({1}, like.options().dtype(at::kInt));
   // A memset node, not at::zeros' fill kernel: less host time per call.
@@ -263,7 +262,7 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
               int(pat.n_block_rows), int(pat.n_block_cols), block, int(splits), int(sms), int(g_hopper_stages)};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
   if (splits == 1 && use_hopper_for(x.device().index(), block, m, pat.nnz)) {
-    const at::Tensor counter = tile_counter_for(x, pat.nnz, pat.n_block_rows * pat.n_block_cols, stream);
+    const at::Tensor counter = tile_counter_for(x, stream);
     p.tile_counter = counter_ptr(counter);
     check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_sm90<DType::kFloat16>(p, stream)
                                                 : launch_dsd_sm90<DType::kBFloat16>(p, stream), kDsd);
@@ -300,7 +299,7 @@ at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& r
               int(g_hopper_stages)};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
   if (use_hopper_for(dy.device().index(), block, dy.size(0), pat.nnz)) {
-    const at::Tensor counter = tile_counter_for(dy, pat.nnz, pat.n_block_rows * pat.n_block_cols, stream);
+    const at::Tensor counter = tile_counter_for(dy, stream);
     p.tile_counter = counter_ptr(counter);
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)
                                                  : launch_dds_sm90<DType::kBFloat16>(p, stream), kDds);

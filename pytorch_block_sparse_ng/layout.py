@@ -15,9 +15,9 @@ Tensors (all on the same device; the indices are int32 so kernels can read them 
 ``row_indices_t``   [nnz]            block row of each block in column-major order; increasing per column
 ``perm_t``          [nnz]            index into ``data`` of each block in column-major order
 ``row_order``       [R]              a schedule, not part of the pattern: the block rows in the order the Hopper
-                                     kernels take them two at a time (rows sharing many block columns side
-                                     by side, so that they share activation tiles); any permutation gives the
-                                     same results
+                                     kernels take them, longest first; with blocks of 64, two at a time (rows
+                                     sharing many block columns side by side, so that they share activation
+                                     tiles); any permutation gives the same results
 ``col_order``       [C]              the same for the block columns (dx = dy W)
 ==================  ===============  ==========================================================
 
@@ -170,9 +170,24 @@ def pair_order(block_mask: torch.Tensor) -> torch.Tensor:
     return torch.tensor(order, dtype=_INDEX_DTYPE, device=block_mask.device)
 
 
-def line_orders(block_mask: torch.Tensor) -> dict:
-    """The ORDER_NAMES schedules of a bool [R, C] block mask: rows for y = x Wᵀ, columns for dx = dy W."""
-    return dict(row_order=pair_order(block_mask), col_order=pair_order(block_mask.T))
+def length_order(block_mask: torch.Tensor) -> torch.Tensor:
+    """int32 [R]: the rows of a bool [R, C] mask, most blocks first (ties by row). For kernels that compute one
+    row per tile and hand the tiles out longest first, so that the SMs end on short tiles together."""
+    counts = block_mask.detach().to("cpu").sum(1)
+    order = torch.sort(counts, descending=True, stable=True).indices
+    return order.to(device=block_mask.device, dtype=_INDEX_DTYPE)
+
+
+def tile_lines(block_shape: Tuple[int, int]) -> int:
+    """Lines (block rows or columns) per tile of the Hopper dsd / dds: 1 for blocks of 128, else 2."""
+    return 1 if tuple(block_shape) == (128, 128) else 2
+
+
+def line_orders(block_mask: torch.Tensor, lines_per_tile: int = 2) -> dict:
+    """The ORDER_NAMES schedules of a bool [R, C] block mask: rows for y = x Wᵀ, columns for dx = dy W;
+    ``pair_order`` for kernels that take two lines per tile, ``length_order`` for one."""
+    order = pair_order if lines_per_tile == 2 else length_order
+    return dict(row_order=order(block_mask), col_order=order(block_mask.T))
 
 
 class BlockSparseMatrix(nn.Module):
@@ -209,7 +224,7 @@ class BlockSparseMatrix(nn.Module):
         self.data = nn.Parameter(data.detach().contiguous())
         for name, index in indices_from_block_mask(block_mask).items():
             self.register_buffer(name, index)
-        for name, order in line_orders(block_mask).items():
+        for name, order in line_orders(block_mask, tile_lines(self.block_shape)).items():
             self.register_buffer(name, order, persistent=False)
 
     # ------------------------------------------------------------------ constructors
@@ -398,7 +413,7 @@ class BlockSparseMatrix(nn.Module):
 
     def _update_orders(self, block_mask: torch.Tensor) -> None:
         # In place, like the indices: CUDA graphs keep pointing at the same buffers.
-        for name, order in line_orders(block_mask).items():
+        for name, order in line_orders(block_mask, tile_lines(self.block_shape)).items():
             getattr(self, name).copy_(order)
 
     def validate(self) -> "BlockSparseMatrix":

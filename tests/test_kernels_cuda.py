@@ -214,11 +214,16 @@ def test_hopper_sdd_tail_split(density, empty_rows, dtype):
 @pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
                     reason="the Hopper kernels run on sm_90 GPUs only")
 @pytest.mark.parametrize("case", [Case(513, 448, 320, 0.3, 64, torch.bfloat16), Case(300, 1024, 768, 0.5, 64,
-                                  torch.float16), Case(257, 640, 384, 0.5, 128, torch.bfloat16)], ids=case_id)
+                                  torch.float16), Case(257, 640, 384, 0.5, 128, torch.bfloat16),
+                                  # K = 4096: the tiles of the last 8 of 11 token tiles are handed out group-major
+                                  # (the band: tile_of in kernel_sm90_ws.cuh), the first 3 token-tile major
+                                  Case(2600, 4096, 1024, 0.3, 64, torch.bfloat16),
+                                  Case(2600, 1024, 4096, 0.3, 128, torch.float16)], ids=case_id)
 def test_hopper_results_do_not_depend_on_the_line_order_or_the_tile_schedule(case):
-    """row_order / col_order only decide which lines share a tile, the tile counter only which SM computes a
-    tile, the pipeline depth only when tiles arrive: every permutation, both schedules and 3 or 4 stages give
-    the same bits (each line's blocks are accumulated in the same order), including odd line counts."""
+    """row_order / col_order only decide which lines share a tile (blocks of 64) or the tiles' order, the tile
+    counter only which SM computes a tile, the pipeline depth only when tiles arrive: every permutation, both
+    schedules and 3 or 4 stages give the same bits (each line's blocks are accumulated in the same order),
+    including odd line counts."""
     from pytorch_block_sparse_ng import _ops
 
     w, index, x, dy, bias, data = _product_case(case, 3)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from pytorch_block_sparse_ng import BlockSparseMatrix
-from pytorch_block_sparse_ng.layout import INDEX_NAMES, ORDER_NAMES, indices_from_block_mask, line_orders, pair_order
+from pytorch_block_sparse_ng.layout import (INDEX_NAMES, ORDER_NAMES, indices_from_block_mask, length_order,
+                                            line_orders, pair_order)
 
 MASK = torch.tensor([[0, 1, 0, 1],
                      [0, 0, 0, 0],  # an empty block row
@@ -50,6 +51,37 @@ def test_pair_order_puts_overlapping_rows_side_by_side():
     assert pair_order(torch.cat([torch.zeros(1, 4, dtype=torch.bool), mask[[0, 1, 3, 4]]])).tolist() == [3, 1, 2, 4, 0]
     assert pair_order(torch.zeros(0, 3, dtype=torch.bool)).tolist() == []
     assert pair_order(torch.ones(2, 3, dtype=torch.bool)).tolist() == [0, 1]
+
+
+def test_length_order_puts_the_longest_lines_first():
+    mask = torch.tensor([[1, 0, 1, 0],
+                         [0, 1, 1, 1],
+                         [0, 0, 0, 0],
+                         [1, 0, 1, 1],
+                         [0, 1, 0, 0]], dtype=torch.bool)
+    order = length_order(mask)
+    assert order.dtype == torch.int32
+    assert order.tolist() == [1, 3, 0, 4, 2]  # 3, 3, 2, 1, 0 blocks; ties by row
+    assert length_order(torch.zeros(0, 3, dtype=torch.bool)).tolist() == []
+    orders = line_orders(mask, lines_per_tile=1)
+    assert orders["row_order"].tolist() == [1, 3, 0, 4, 2] and orders["col_order"].tolist() == [2, 0, 1, 3]
+
+
+def test_the_orders_follow_the_kernels_tile():
+    """Blocks of 128: one line per Hopper tile, longest first; other blocks: pairs of lines."""
+    gen = torch.Generator().manual_seed(11)
+    big = BlockSparseMatrix.randn((1024, 768), density=0.4, block_shape=(128, 128), generator=gen)
+    counts = big.row_offsets.diff()
+    assert torch.equal(big.row_order, length_order(big.block_mask()))
+    assert counts[big.row_order.long()].tolist() == sorted(counts.tolist(), reverse=True)
+    col_counts = big.col_offsets_t.diff()
+    assert col_counts[big.col_order.long()].tolist() == sorted(col_counts.tolist(), reverse=True)
+    small = BlockSparseMatrix.randn((1024, 768), density=0.4, block_shape=(64, 64), generator=gen)
+    mask = small.block_mask()
+    assert torch.equal(small.row_order, pair_order(mask)) and torch.equal(small.col_order, pair_order(mask.T))
+    new_mask = torch.rand(big.grid, generator=gen).flatten().argsort().argsort().view(big.grid) < big.nnz_blocks
+    big.update_pattern(new_mask)
+    assert torch.equal(big.row_order, length_order(new_mask)) and torch.equal(big.col_order, length_order(new_mask.T))
 
 
 @pytest.mark.parametrize("density", [0.1, 0.25, 0.5, 0.9])

@@ -15,7 +15,8 @@ wait returns; at a tile's first stage, when each consumer has the tile's number 
 The summary per case: the producer's time waiting for free slots, issuing, and between issue and the next wait;
 each consumer's time starved (waiting for data); the load latency (issue to arrival) of the stages a consumer
 waited for; the stages in flight when the producer gets a slot; the tile change (epilogue, the global loads of
-the tile's lines, the first wait); the bytes loaded per us per SM.
+the tile's lines, the first wait); the bytes loaded per us per SM; how long before the last CTA each CTA
+received its last data (the end's imbalance).
 """
 import os
 import statistics
@@ -30,7 +31,8 @@ from pytorch_block_sparse_ng import BlockSparseMatrix, _C  # noqa: E402
 TRACE_STAGES, FIELDS = 640, 12  # kTraceStages and the stamps per stage in the patch
 # (op, block, density, CTAs: None = one per SM; fewer CTAs put less traffic on L2 for the same per-CTA work)
 CASES = (("dsd", 64, 0.5, None), ("dsd", 64, 1.0, None), ("dsd", 64, 0.25, None), ("dds", 64, 0.5, None),
-         ("dsd", 128, 0.5, None), ("dsd", 64, 0.5, 66), ("dsd", 64, 0.5, 33), ("dsd", 64, 1.0, 66))
+         ("dsd", 128, 0.5, None), ("dsd", 128, 0.25, None), ("dds", 128, 0.25, None), ("dsd", 64, 0.5, 66),
+         ("dsd", 64, 0.5, 33), ("dsd", 64, 1.0, 66))
 
 
 def pct(values, q):
@@ -46,11 +48,13 @@ def summarize(label, trace, block):
     starved, starved_total = [[], []], [0, 0]
     epilogue, tile_lines, tile_first = [], [], []
     nbytes, ctas = 0, 0
+    cta_ends = []  # per CTA, its consumers' last data arrival (its epilogue, ~2 us, follows)
     for cta in per_cta:
         stages = [st for st in cta if st[1]]
         if not stages:
             continue
         ctas += 1
+        cta_ends.append(max(v for st in stages for v in (st[4], st[6]) if v))
         arrivals = []
         for i, st in enumerate(stages):
             t_req, t_got, t_issued, b0, a0, b1, a1, flags = st[:8]
@@ -90,6 +94,10 @@ def summarize(label, trace, block):
                      f"{len(starved[h])} waits, median {statistics.median(starved[h]) if starved[h] else 0:.0f} ns")
     lines.append(f"  load latency (issue -> arrival, stages a consumer waited for): median {statistics.median(latency):.0f}"
                  f" ns, p10 {pct(latency, 0.1):.0f}, p90 {pct(latency, 0.9):.0f}")
+    end = max(cta_ends)
+    idle = [(end - e) / 1e3 for e in cta_ends]
+    lines.append(f"  CTAs done before the last one (the end's imbalance): {sum(idle) / len(idle) / span * 1e3:.3f} of the "
+                 f"span; per CTA median {statistics.median(idle):.1f} us, p90 {pct(idle, 0.9):.1f}, max {max(idle):.1f}")
     hist = {k: inflight.count(k) for k in sorted(set(inflight))}
     lines.append(f"  stages in flight when the producer gets a slot (not yet arrived): {hist}")
     if epilogue:

@@ -9,10 +9,11 @@
 // tokens-as-M would sit at the shared-memory limit).
 //
 // A tile: 256 tokens x 128 output features. One CTA per SM walks tiles (feature group fastest, so the CTAs in
-// flight share activation rows in L2) with three warpgroups: its first tile is blockIdx.x, the next ones it
-// takes from a global counter when its producer is ready for them (tiles differ most in cost at low density;
-// a fixed round-robin left SMs idle at the end there) or round-robin (faster above density 0.2; the host
-// decides), and hands each tile's number to the consumers through a small mbarrier queue in shared memory.
+// flight share activation rows in L2; the last token tiles group-major, longest first: see tile_of) with
+// three warpgroups: its first tile is blockIdx.x, the next ones it takes from a global counter near the end
+// of its current tile (tiles differ in cost with their lines' block counts; a fixed round-robin left SMs idle
+// at the end) or round-robin (a knob), and hands each tile's number to the consumers through a small mbarrier
+// queue in shared memory.
 // Two warps of warpgroup 0 walk the block lists and issue the TMA loads (activation and W tiles from one warp
 // each) into 3 or 4 stages (4 by default: more bytes in flight measured 3-7 % faster), running ahead into the
 // next tile while the consumers finish the current one; the two consumer warpgroups own 64 features each:
@@ -124,14 +125,28 @@ struct KernelParams {
   const int32_t* keys;
   const int32_t* slots;
   const int32_t* order;  // [n_lines]: the permutation of the lines that pairs them into tiles (block 64)
-  int* tile_counter;     // zeroed before the launch: tiles handed out past the first gridDim.x; nullptr: every
-                         // CTA takes tiles blockIdx.x + k * gridDim.x
+  int* tile_counter;     // zeroed before the launch: units handed out past the first gridDim.x; nullptr: every
+                         // CTA takes units blockIdx.x + k * gridDim.x
   const void* bias;  // (n_lines * B,) or nullptr
   int n_lines;
-  int n_groups;      // tiles along the features: ceil(n_lines * B / 128)
-  int n_tiles;       // n_groups x ceil(M / 256)
-  int64_t m;         // tokens
+  int n_groups;       // tiles along the features: ceil(n_lines * B / 128)
+  int n_tiles;        // n_groups x n_token_tiles
+  int n_token_tiles;  // ceil(M / 256)
+  int band;           // the last `band` token tiles are handed out group-major (see tile_of); 0: none
+  int64_t m;          // tokens
 };
+
+// The tile of work unit u (units are handed out in order). Token tile major (feature group fastest, so that
+// the CTAs in flight share activation rows in L2), except the last `band` token tiles: group-major, so the
+// longest groups of all of them come first (groups come longest first: layout.pair_order / length_order) and
+// the kernel ends on its shortest tiles, which lets the SMs finish together. The host sizes the band so that
+// its activations (~16 MB) stay in L2.
+__device__ __forceinline__ int tile_of(const KernelParams& p, int unit) {
+  const int band_first = (p.n_token_tiles - p.band) * p.n_groups;
+  if (unit < band_first) return unit;
+  const int v = unit - band_first;
+  return (p.n_token_tiles - p.band + v % p.band) * p.n_groups + v / p.band;
+}
 
 __device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -197,7 +212,7 @@ __device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, i
 template <class Cfg>
 __device__ __forceinline__ int group_lines(const KernelParams& p, int group, int (&line)[2]) {
   if constexpr (Cfg::kLinesPerTile == 1) {
-    line[0] = line[1] = group;
+    line[0] = line[1] = p.order != nullptr ? __ldg(p.order + group) : group;
     return 1;
   } else {
     const int first = group * 2;
@@ -208,9 +223,9 @@ __device__ __forceinline__ int group_lines(const KernelParams& p, int group, int
   }
 }
 
-// The producer's next tile after `tile`: from the counter (dynamic) or round-robin.
-__device__ __forceinline__ int next_tile(const KernelParams& p, int tile) {
-  return p.tile_counter != nullptr ? int(gridDim.x) + atomicAdd(p.tile_counter, 1) : tile + int(gridDim.x);
+// The producer's next work unit after `unit`: from the counter (dynamic) or round-robin.
+__device__ __forceinline__ int next_unit(const KernelParams& p, int unit) {
+  return p.tile_counter != nullptr ? int(gridDim.x) + atomicAdd(p.tile_counter, 1) : unit + int(gridDim.x);
 }
 
 // A line's block list as seen by the producer warp: lane i holds entries base + i (keys and slots) of the
@@ -276,11 +291,12 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
     ++it;
     return s;
   };
-  int tile = blockIdx.x;
+  int unit = blockIdx.x, tile = 0;
   for (int n = 0;; ++n) {
     // Hand the tile to the consumers (a number >= n_tiles tells them to stop).
     const int q = n % Cfg::kTileSlots;
     if (warp == 0) {
+      tile = unit < p.n_tiles ? tile_of(p, unit) : p.n_tiles;
       Barrier::wait(&sh.tile_empty[q], ((n / Cfg::kTileSlots) & 1) ^ 1);
       if (leader) {
         sh.tile_ids[q] = tile;
@@ -292,9 +308,14 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
       Barrier::arrive(&sh.tile_empty[q]);
     }
     if (tile >= p.n_tiles) break;
-    // Asked now by lane 0 of warp 0, read by its other lanes at the tile's end: the atomic's latency overlaps
-    // the loads.
-    const int following = issue_act ? next_tile(p, tile) : 0;
+    // Lane 0 of warp 0 takes the next unit when at most 2 stages of this tile are left to issue (its other
+    // lanes read it at the tile's end): late enough that the counter hands units to the SMs that are about to
+    // need them (taken at a tile's start, as before session 11, SMs finished up to a tile apart: H100 trace),
+    // early enough that the atomic's latency overlaps the last loads. (4 stages measured the same.)
+    int following = -1;
+    auto claim = [&](int stages_left) {
+      if (issue_act && following < 0 && stages_left <= 2) following = next_unit(p, unit);
+    };
     const int group = tile % p.n_groups, token0 = tile / p.n_groups * Cfg::kTokens;
     int line[2];
     const int lines = group_lines<Cfg>(p, group, line);
@@ -303,6 +324,7 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
       LineWindow w0 = open_window(p, e0, __ldg(p.offsets + line[0] + 1), lane);
       if (lines == 2) e1 = __ldg(p.offsets + line[1]), end1 = __ldg(p.offsets + line[1] + 1);
       LineWindow w1 = open_window(p, e1, end1, lane);
+      claim(max(w0.end - e0, w1.end - e1));  // the merged list has at least that many stages
       while (e0 < w0.end || e1 < w1.end) {
         int slot0, slot1;
         const int k0 = window_key(p, w0, e0, lane, slot0);
@@ -318,10 +340,12 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
           if (has0) tma_load_2d(sh.stages[s].w[0], &p.data_map, &sh.full[s], 0, slot0 * B);
           if (has1) tma_load_2d(sh.stages[s].w[1], &p.data_map, &sh.full[s], 0, slot1 * B);
         }
+        claim(max(w0.end - e0, w1.end - e1));
       }
     } else {
       const int begin = __ldg(p.offsets + line[0]), end = __ldg(p.offsets + line[0] + 1);
       LineWindow w = open_window(p, begin, end, lane);
+      claim(2 * (end - begin));
       for (int e = begin; e < end; ++e) {
         int slot;
         const int key = window_key(p, w, e, lane, slot);
@@ -329,6 +353,7 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
           const bool last = e + 1 == end && half == 1;
           const int s = next_stage(3 | (int(last) << 2), 2);
           if (issue_act) tma_load_2d(sh.stages[s].act, &p.act_map, &sh.full[s], key * B + half * 64, token0);
+          claim(2 * (end - e) - half - 1);
           if (!issue_w) continue;
           for (int h = 0; h < 2; ++h) {
             // dsd: rows h*64.. of the block, k-step `half`; dds (W_b^T): rows (reduction) `half`, columns h*64..
@@ -341,7 +366,8 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
         }
       }
     }
-    tile = __shfl_sync(0xffffffffu, following, 0);
+    claim(0);  // a tile without blocks made no stage
+    unit = __shfl_sync(0xffffffffu, following, 0);
   }
 }
 
@@ -518,8 +544,12 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
   err = encode_2d_map(&p.out_map, dtype, out, uint64_t(n_lines) * B, uint64_t(m), 64, Cfg::kOutTokens);
   if (err != cudaSuccess) return err;
   const int64_t groups = (int64_t(n_lines) + Cfg::kLinesPerTile - 1) / Cfg::kLinesPerTile;
-  const int64_t tiles = groups * ((m + Cfg::kTokens - 1) / Cfg::kTokens);
+  const int64_t token_tiles = (m + Cfg::kTokens - 1) / Cfg::kTokens;
+  const int64_t tiles = groups * token_tiles;
   if (tiles > INT_MAX) return cudaErrorInvalidValue;
+  // The band: as many token tiles as ~16 MB of activations (8 at K = 4096 in 16 bits; L2 is 50 MB).
+  const int64_t token_tile_bytes = int64_t(Cfg::kTokens) * n_other * B * int64_t(sizeof(typename Cfg::T));
+  const int64_t band = std::min<int64_t>(token_tiles, std::max<int64_t>(1, (int64_t(16) << 20) / token_tile_bytes));
   p.offsets = offsets;
   p.keys = keys;
   p.slots = slots;
@@ -529,6 +559,8 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
   p.n_lines = n_lines;
   p.n_groups = int(groups);
   p.n_tiles = int(tiles);
+  p.n_token_tiles = int(token_tiles);
+  p.band = int(band);
   p.m = m;
   err = sm80::prepare<ws_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
