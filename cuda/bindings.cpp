@@ -188,6 +188,37 @@ int64_t set_hopper_sdd_min_blocks_per_row(int64_t blocks) {
   return exchange_knob(g_hopper_sdd_min_blocks_per_row, blocks, 0, "set_hopper_sdd_min_blocks_per_row", "blocks");
 }
 
+// Splits of M for the Hopper sdd with `ctas` CTAs (estimated) of `steps` steps of 64 tokens each; each piece
+// keeps >= 16 steps. A split adds an fp32 workspace (memset, TMA reductions, a cast kernel). Measured on an
+// H100 with forced splits 1-8 (benchmarks/results/ab_sdd_splits_*.txt, 8192 x 4096 -> 4096, and
+// ab_sdd_rule_*.txt, three shapes):
+// - blocks of 64: splits slowed every cell down where one wave holds the CTAs or more (~80 CTAs at density
+//   0.1: unsplit 0.102 ms, 2-6 splits 0.107-0.110; ~156 CTAs at 0.25: 0.183 unsplit, 0.198 in 3), though
+//   the wave count says otherwise: so only as many pieces as fit in one wave with the CTAs;
+// - blocks of 128 follow the waves: the fewest splits s with the fewest waves per unit of work,
+//   ceil(ctas x s / SMs) / s (2 at density 0.1 on 8192 x 4096: 0.089 ms against 0.100 unsplit; 5 for ~72
+//   CTAs at 16384 x 1024 -> 4096, density 0.5: 0.151 against 0.181), where unsplit runs its last partial
+//   wave as tail pieces (kernel_sm90_sdd.cuh): 0.125 ms at 0.25 (~136 CTAs) against 0.174 in 3 splits, the
+//   rule before (2 x SMs worth of CTAs).
+int64_t sdd_sm90_splits(int block, int64_t ctas, int64_t sms, int64_t steps) {
+  const int64_t most = std::max<int64_t>(1, std::min<int64_t>(steps / 16, 64));
+  if (block != 128) return std::max<int64_t>(1, std::min<int64_t>(sms / ctas, most));
+  // Waves per unit of work, in units of an unsplit CTA's time; unsplit, a last partial wave of e CTAs costs
+  // 1 / pieces of a wave with the tail split. The fewest splits within 10 % of the least cost: a split's
+  // workspace costs too.
+  const int64_t full = ctas / sms, rest = ctas % sms;
+  auto cost = [&](int64_t s) -> double {
+    if (s > 1) return double((ctas * s + sms - 1) / sms) / double(s);
+    if (full == 0) return 1.0;
+    return double(full) + (rest == 0 ? 0.0 : 1.0 / double(std::max<int64_t>(1, std::min(sms / rest, steps / 16))));
+  };
+  double least = cost(1);
+  for (int64_t s = 2; s <= most; ++s) least = std::min(least, cost(s));
+  int64_t splits = 1;
+  while (cost(splits) > 1.1 * least) ++splits;
+  return splits;
+}
+
 // The Hopper sdd's tail split (kernel_sm90_sdd.cuh, blocks of 128): on by default; off for A/B measurements.
 bool g_hopper_sdd_tail_split = true;
 bool set_hopper_sdd_tail_split(bool enabled) {
@@ -338,13 +369,11 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
                       (block != 64 || nnz >= g_hopper_sdd_min_blocks_per_row * pat.n_block_rows);
   int64_t splits = 1;
   if (hopper) {
-    // One CTA per (block row, chunk of its blocks): split the reduction over M when these CTAs cannot fill
-    // the GPU, keeping >= 16 steps of 64 tokens per split.
-    const int64_t chunks = std::max<int64_t>(pat.n_block_rows, (nnz + sdd_sm90_chunk(block) - 1) /
-                                                                   sdd_sm90_chunk(block));
-    if (chunks < sms) {
-      splits = std::min<int64_t>((2 * sms + chunks - 1) / chunks, std::max<int64_t>(1, (m + 64 * 16 - 1) / (64 * 16)));
-    }
+    // One CTA per (block row, chunk of its blocks), estimated as nnz / chunk plus, per row, half a chunk's free
+    // entries (partial chunks; the host does not read the pattern). See sdd_sm90_splits for the split of M.
+    const int64_t chunk = sdd_sm90_chunk(block);
+    const int64_t ctas = std::max<int64_t>(1, (2 * nnz + pat.n_block_rows * (chunk - 1) + 2 * chunk - 1) / (2 * chunk));
+    splits = sdd_sm90_splits(block, ctas, sms, (m + 63) / 64);
   } else if (nnz > 0) {
     // Split the reduction over M across CTAs when there are too few kept blocks to fill the GPU.
     const int64_t k_tiles = (m + sdd_k_tile_rows(block) - 1) / sdd_k_tile_rows(block);
