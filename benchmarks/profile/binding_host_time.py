@@ -15,19 +15,24 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from pytorch_block_sparse_ng import BlockSparseMatrix, _C, _ops  # noqa: E402
 
 
-def per_call_us(fn, calls=200):
-    """Host time per call, taken before synchronising (bench_ops.per_call_us includes the GPU's drain): few
-    enough calls that the launch queue never fills (with 2000, a first run measured the dsd's GPU time, 51 us,
-    instead of its host time)."""
-    for _ in range(50):
+def host_and_wall_us(fn, calls=200, warmup=50):
+    """(host, wall) time per call in us: the host's taken before synchronising (bench_ops.per_call_us includes
+    the GPU's drain), with few enough calls that the launch queue never fills (with 2000, a first run measured
+    the dsd's GPU time, 51 us, instead of its host time); the wall time after."""
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(calls):
         fn()
-    elapsed = time.perf_counter() - start
+    host = time.perf_counter() - start
     torch.cuda.synchronize()
-    return elapsed * 1e6 / calls
+    return host * 1e6 / calls, (time.perf_counter() - start) * 1e6 / calls
+
+
+def per_call_us(fn, calls=200):
+    """Host time per call (host_and_wall_us)."""
+    return host_and_wall_us(fn, calls)[0]
 
 
 def main():

@@ -10,28 +10,22 @@ Written when bench_linear.py's long-running process showed eager steps 2-3x thei
 """
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from pytorch_block_sparse_ng import BlockSparseLinear, _C, _ops  # noqa: E402
 
+from binding_host_time import host_and_wall_us  # noqa: E402
+
 CASES = ((128, 0.25), (128, 0.1), (64, 0.25), (128, 0.5))  # (block, density)
 SETTINGS = (("auto", "auto", True), ("rr", "round_robin", True), ("auto,notail", "auto", False))
 
 
-def wall_ms(fn, calls=30):
-    """(wall, host) ms per call: `calls` calls after 5 warm-up ones; host = the time to enqueue them."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - start) / calls
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e3, host * 1e3
+def wall_ms(fn):
+    """(wall, host) ms per call over 30 calls after 5 warm-up ones; host = the time to enqueue them."""
+    host, wall = host_and_wall_us(fn, calls=30, warmup=5)
+    return wall / 1e3, host / 1e3
 
 
 def main():
