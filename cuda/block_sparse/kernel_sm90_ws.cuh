@@ -124,7 +124,8 @@ struct KernelParams {
   const int32_t* offsets;
   const int32_t* keys;
   const int32_t* slots;
-  const int32_t* order;  // [n_lines]: the permutation of the lines that pairs them into tiles (block 64)
+  const int32_t* order;  // [n_lines]: the lines in tile order (block 64: pairs, layout.pair_order; block 128:
+                         // longest first, layout.length_order)
   int* tile_counter;     // zeroed before the launch: units handed out past the first gridDim.x; nullptr: every
                          // CTA takes units blockIdx.x + k * gridDim.x
   const void* bias;  // (n_lines * B,) or nullptr
@@ -132,7 +133,7 @@ struct KernelParams {
   int n_groups;       // tiles along the features: ceil(n_lines * B / 128)
   int n_tiles;        // n_groups x n_token_tiles
   int n_token_tiles;  // ceil(M / 256)
-  int band;           // the last `band` token tiles are handed out group-major (see tile_of); 0: none
+  int band;           // the last `band` (>= 1) token tiles are handed out group-major (see tile_of)
   int64_t m;          // tokens
 };
 
@@ -212,7 +213,7 @@ __device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, i
 template <class Cfg>
 __device__ __forceinline__ int group_lines(const KernelParams& p, int group, int (&line)[2]) {
   if constexpr (Cfg::kLinesPerTile == 1) {
-    line[0] = line[1] = p.order != nullptr ? __ldg(p.order + group) : group;
+    line[0] = line[1] = __ldg(p.order + group);
     return 1;
   } else {
     const int first = group * 2;
