@@ -137,10 +137,11 @@ bool use_hopper_for(int device, int block, int64_t m, int64_t nnz) {
 
 // The Hopper dsd / dds tile schedule. "counter": tiles handed out from a zeroed int32 (allocated per call, a
 // 4-byte memset), so that the SMs that finish first take the next tiles; "round_robin": CTA i takes tiles i,
-// i + grid, ...; "auto" (default): the counter. Since session 11 the producer takes its next tile near the end
-// of its current one and the kernel ends on its shortest tiles (kernel_sm90_ws.cuh, tile_of), and the counter
-// is 0.6-13 % faster than the session 10 kernel (round-robin above density 0.2) in every cell (H100, blocks 64
-// and 128, benchmarks/results/ab_tile_claim_*.txt); before that round-robin was 2-5 % faster at 0.25 and 0.5.
+// i + grid, ... of the same hand-out order (tile_of); "auto" (default): the counter. Since session 11 the
+// producer takes its next tile near the end of its current one and the kernel ends on its shortest tiles
+// (kernel_sm90_ws.cuh, tile_of), and the counter is 0.6-13 % faster than the session 10 kernel (round-robin
+// above density 0.2) in every cell (H100, blocks 64 and 128, benchmarks/results/ab_tile_claim_*.txt); before
+// that round-robin was 2-5 % faster at 0.25 and 0.5.
 enum class TileSchedule : int64_t { kAuto = 0, kCounter = 1, kRoundRobin = 2 };
 int64_t g_tile_schedule = int64_t(TileSchedule::kAuto);
 int64_t set_hopper_tile_schedule(int64_t schedule) {

@@ -65,8 +65,8 @@ _TILE_SCHEDULES = ("auto", "counter", "round_robin")
 
 def set_hopper_tile_schedule(schedule: str) -> str:
     """How the Hopper dsd / dds hand their tiles to the SMs: "counter" (from an atomic counter: SMs that finish
-    cheap tiles take more), "round_robin" (CTA i takes tiles i, i + grid, ...) or "auto" (default: the counter,
-    measured faster on an H100 at every density); returns the previous schedule."""
+    cheap tiles take more), "round_robin" (CTA i takes tiles i, i + grid, ... of the same order) or "auto"
+    (default: the counter, measured faster on an H100 at every density); returns the previous schedule."""
     if schedule not in _TILE_SCHEDULES:
         raise ValueError(f"set_hopper_tile_schedule: schedule={schedule!r} must be one of {_TILE_SCHEDULES}")
     return _TILE_SCHEDULES[_C.set_hopper_tile_schedule(_TILE_SCHEDULES.index(schedule))]
