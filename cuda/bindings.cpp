@@ -7,6 +7,8 @@
 // `linear` (linear_autograd.cpp) is the layer's eager autograd function.
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -135,8 +137,8 @@ bool use_hopper_for(int device, int block, int64_t m, int64_t nnz) {
   return nnz > 0 && m >= g_hopper_min_rows && hopper_device(device, block);
 }
 
-// The Hopper dsd / dds tile schedule. "counter": tiles handed out from a zeroed int32 (allocated per call, a
-// 4-byte memset), so that the SMs that finish first take the next tiles; "round_robin": CTA i takes tiles i,
+// The Hopper dsd / dds tile schedule. "counter": tiles handed out from a zeroed int32 (tile_counter_for), so
+// that the SMs that finish first take the next tiles; "round_robin": CTA i takes tiles i,
 // i + grid, ... of the same hand-out order (tile_of); "auto" (default): the counter. Since session 11 the
 // producer takes its next tile near the end of its current one and the kernel ends on its shortest tiles
 // (kernel_sm90_ws.cuh, tile_of), and the counter is 0.6-13 % faster than the session 10 kernel (round-robin
@@ -152,13 +154,36 @@ int64_t set_hopper_tile_schedule(int64_t schedule) {
   return previous;
 }
 
-// The zeroed tile counter for a launch, or an undefined tensor (round-robin).
+// The tile counter for a launch (int32[2]: tiles handed out, CTAs done), zero when the kernel starts; an
+// undefined tensor for round-robin. The kernel's last CTA zeroes it again (kernel_sm90_ws.cuh), so in eager
+// mode each (device, stream) keeps one, zeroed once: no allocation and no memset per call (H100 A/B against
+// a memset per call: 0.3-1.2 % less GPU time, 2-5 us less host time per call,
+// benchmarks/results/ab_tile_counter_per_stream_*.txt). While a CUDA graph is captured the
+// counter is the graph's own, zeroed by a memset node at every replay: a graph may be replayed on any stream,
+// concurrently with eager calls on the stream it was captured on.
 at::Tensor tile_counter_for(const at::Tensor& like, cudaStream_t stream) {
   const bool use_counter = g_tile_schedule != int64_t(TileSchedule::kRoundRobin);
   if (!use_counter) return at::Tensor();
-  at::Tensor counter = at::empty({1}, like.options().dtype(at::kInt));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaError_t err = cudaStreamIsCapturing(stream, &capture);
+  TORCH_CHECK(err == cudaSuccess, cat("querying the stream's capture status failed: ", cudaGetErrorString(err)));
+  if (capture == cudaStreamCaptureStatusNone) {
+    // Never destroyed: tensors freed during static destruction could outlive the CUDA context.
+    static std::mutex* mutex = new std::mutex();
+    static auto* counters = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
+    std::lock_guard<std::mutex> lock(*mutex);
+    const auto key = std::make_pair(int(like.device().index()), stream);
+    const auto found = counters->find(key);
+    if (found != counters->end()) return found->second;
+    at::Tensor counter = at::empty({2}, like.options().dtype(at::kInt));
+    err = cudaMemsetAsync(counter.data_ptr(), 0, 2 * sizeof(int), stream);
+    TORCH_CHECK(err == cudaSuccess, cat("zeroing the tile counter failed: ", cudaGetErrorString(err)));
+    counters->emplace(key, counter);
+    return counter;
+  }
+  at::Tensor counter = at::empty({2}, like.options().dtype(at::kInt));
   // A memset node, not at::zeros' fill kernel: less host time per call.
-  const cudaError_t err = cudaMemsetAsync(counter.data_ptr(), 0, sizeof(int), stream);
+  err = cudaMemsetAsync(counter.data_ptr(), 0, 2 * sizeof(int), stream);
   TORCH_CHECK(err == cudaSuccess, cat("zeroing the tile counter failed: ", cudaGetErrorString(err)));
   return counter;
 }

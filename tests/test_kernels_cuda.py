@@ -253,10 +253,65 @@ def test_hopper_results_do_not_depend_on_the_line_order_or_the_tile_schedule(cas
 
 @pytest.mark.cuda
 @requires_kernels
+@pytest.mark.skipif(not (HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the Hopper kernels run on sm_90 GPUs only")
+@pytest.mark.parametrize("block", (64, 128))
+def test_hopper_tile_counter_is_left_zeroed_for_the_next_launch(block):
+    """In eager mode each stream keeps one tile counter that the kernel's last CTA zeroes again (no memset per
+    call): back-to-back calls on one stream, calls alternating between two streams, and a captured graph (its
+    own counter) replayed on a side stream while eager calls run on the other all give the first call's bits.
+    A counter left non-zero would skip tiles; the outputs land in freed NaN-filled blocks of their size (the
+    caching allocator hands those out next), so a skipped tile cannot pass as an old result."""
+    from pytorch_block_sparse_ng import _ops
+
+    case = Case(1000, 1024, 768, 0.5, block, torch.bfloat16)
+    w, index, x, dy, bias, data = _product_case(case, 7)
+    previous = _ops.set_hopper_min_rows(1)
+    try:
+        expected = (OPS.dsd(x, data, bias, *index), OPS.dds(dy, data, *index))
+
+        def poisoned_calls():
+            junk = [torch.full_like(e, float("nan")) for e in expected]
+            del junk
+            return OPS.dsd(x, data, bias, *index), OPS.dds(dy, data, *index)
+
+        def same_bits(outputs):
+            torch.cuda.synchronize()
+            return all(torch.equal(got, want) for got, want in zip(outputs, expected + expected))
+
+        for _ in range(3):
+            assert same_bits(poisoned_calls())
+        side = torch.cuda.Stream()
+        for _ in range(3):
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                on_side = poisoned_calls()
+            on_main = poisoned_calls()
+            torch.cuda.current_stream().wait_stream(side)
+            assert same_bits(on_side + on_main)
+        side.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            captured = (OPS.dsd(x, data, bias, *index), OPS.dds(dy, data, *index))
+        for _ in range(3):
+            for got in captured:
+                got.fill_(float("nan"))
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                graph.replay()
+            eager = poisoned_calls()
+            torch.cuda.current_stream().wait_stream(side)
+            assert same_bits(captured + eager)
+    finally:
+        _ops.set_hopper_min_rows(previous)
+
+
+@pytest.mark.cuda
+@requires_kernels
 @pytest.mark.parametrize("block", BLOCKS)
 def test_training_step_replays_from_a_cuda_graph(block):
     """Forward and backward captured in one CUDA graph (no host sync, no index allocation; the Hopper kernels'
-    tile counters are re-zeroed by memset nodes at every replay) give the eager results on new inputs."""
+    tile counters are the graph's own, zeroed by memset nodes at every replay) give the eager results on new inputs."""
     from pytorch_block_sparse_ng import _ops
 
     layer = BlockSparseLinear(512, 384, density=0.4, block_shape=(block, block), device="cuda", dtype=torch.bfloat16,

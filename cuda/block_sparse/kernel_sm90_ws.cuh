@@ -126,8 +126,8 @@ struct KernelParams {
   const int32_t* slots;
   const int32_t* order;  // [n_lines]: the lines in tile order (block 64: pairs, layout.pair_order; block 128:
                          // longest first, layout.length_order)
-  int* tile_counter;     // zeroed before the launch: units handed out past the first gridDim.x; nullptr: every
-                         // CTA takes units blockIdx.x + k * gridDim.x
+  int* tile_counter;     // [2], zero at the launch: units handed out past the first gridDim.x, CTAs done (the
+                         // last CTA zeroes both again); nullptr: every CTA takes units blockIdx.x + k * gridDim.x
   const void* bias;  // (n_lines * B,) or nullptr
   int n_lines;
   int n_groups;       // tiles along the features: ceil(n_lines * B / 128)
@@ -369,6 +369,15 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
     }
     claim(0);  // a tile without blocks made no stage
     unit = __shfl_sync(0xffffffffu, following, 0);
+  }
+  // This CTA takes no more units; the last CTA to get here leaves the counter zeroed for the next launch on the
+  // stream (the host keeps one counter per stream instead of a memset per call).
+  if (issue_act && p.tile_counter != nullptr) {
+    __threadfence();  // this CTA's claims are done before it counts itself out
+    if (atomicAdd(p.tile_counter + 1, 1) == int(gridDim.x) - 1) {
+      *reinterpret_cast<volatile int*>(p.tile_counter) = 0;
+      *reinterpret_cast<volatile int*>(p.tile_counter + 1) = 0;
+    }
   }
 }
 
