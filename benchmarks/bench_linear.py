@@ -1,7 +1,9 @@
 """Dense F.linear (cuBLAS) against BlockSparseLinear and its peers, side by side on one GPU.
 
 Times y = x Wᵀ + b (forward) and a training step (forward + grad input + grad weight + grad bias) with CUDA
-events: median of --reps timings after warm-up. The training step is timed twice: in eager mode ("train", what
+events: median of --reps timings after warm-up. Where STK runs (block 128), its eager forward and step and ours
+are timed alternately in --eager-rounds rounds and each cell is the median over rounds: at low density those
+steps are bound by the host, whose speed drifts within a process (benchmarks/profile/eager_noise.py). The training step is timed twice: in eager mode ("train", what
 a plain training loop sees, host time included) and replayed from a CUDA graph of --graph-steps steps
 ("train_graph", the GPU time: at low density the eager step is bound by Python and launch time); the forward
 likewise ("forward" eager, "forward_graph" replayed from a CUDA graph of --graph-calls calls). Decode shapes
@@ -101,6 +103,37 @@ def ratio_report(label, times):
     return f"{label}: " + "  ".join(cells) + f"  spread {max(base) / min(base):.3f}"
 
 
+def eager_rounds_ms(fns, args):
+    """{name: ms} for eager (host-bound at low density) timings compared across methods: every fn timed once per
+    round (time_ms), in an order rotating by round, for --eager-rounds rounds; the median over rounds. On the
+    H100 machine's host the same eager step measured 0.24-0.38 ms (ours) and 0.35-0.63 ms (STK) in successive
+    single time_ms calls of one process (benchmarks/results/eager_noise_*.txt), so one-shot cells taken minutes
+    apart compare the host's moods, not the methods."""
+    times = {name: [] for name in fns}
+    items = list(fns.items())
+    for r in range(args.eager_rounds):
+        shift = r % len(items)
+        for name, fn in items[shift:] + items[:shift]:
+            times[name].append(time_ms(fn, args.warmup, args.reps))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def stk_functions(stk, dense_masked, x, dy):
+    """STK's forward (dds with the transposed sparse weight) and training step (dds + dds + sdd + the bias sum),
+    and its forward's relative error against F.linear."""
+    sw = stk.ops.to_sparse(dense_masked, blocking=128)
+    swt, dyt = sw.t(), dy.t()
+
+    def step():
+        stk.ops.dds(x, swt)
+        stk.ops.dds(dy, sw)
+        stk.ops.sdd(dyt, x, sw)
+        dy.sum(0)
+
+    return dict(forward=lambda: stk.ops.dds(x, swt), step=step,
+                rel_err=rel_err(stk.ops.dds(x, swt), F.linear(x, dense_masked)))
+
+
 def time_graph_ms(fn, calls, reps):
     """Per-call time of fn() replayed `calls` times inside one CUDA graph."""
     stream = torch.cuda.Stream()
@@ -196,10 +229,38 @@ def run(args):
                                               dtype=dtype, generator=torch.Generator().manual_seed(1))
                     with torch.no_grad():
                         err = rel_err(layer(x), F.linear(x, layer.weight.to_dense(), layer.bias))
-                        fwd = timed(lambda: layer(x))
+                    dense_masked = layer.weight.to_dense().detach()
+                    params = (xg, layer.weight.data, layer.bias)
+
+                    def step():
+                        y = layer(xg)
+                        torch.autograd.grad(y, params, dy)
+
+                    # STK (block 128): its eager cells and ours are timed alternately in rounds (below)
+                    peer = None
+                    if stk is not None and block == 128 and not decode and not args.no_peers:
+                        try:
+                            peer = stk_functions(stk, dense_masked, x, dy)
+                        except Exception as error:  # noqa: BLE001
+                            record(**common, method="stk", block=128, density=density, phase="forward",
+                                   error=f"{type(error).__name__}: {str(error)[:120]}")
+                    if peer is None:
+                        with torch.no_grad():
+                            fwd = timed(lambda: layer(x))
+                        train = None if decode else timed(step)
+                    else:
+                        with torch.no_grad():
+                            fwds = eager_rounds_ms({"ours": lambda: layer(x), "stk": peer["forward"]}, args)
+                        steps = eager_rounds_ms({"ours": step, "stk": peer["step"]}, args)
+                        fwd, train = fwds["ours"], steps["ours"]
+                        record(**common, method="stk", block=128, density=density, phase="forward", ms=fwds["stk"],
+                               speedup=dense_fwd / fwds["stk"], rel_err=peer["rel_err"], rounds=args.eager_rounds)
+                        record(**common, method="stk", block=128, density=density, phase="train", ms=steps["stk"],
+                               speedup=dense_train / steps["stk"], rounds=args.eager_rounds)
                     hopper = _C.uses_hopper_kernels(torch.cuda.current_device(), block)
                     record(**common, method="ours", block=block, density=density, phase="forward", ms=fwd,
-                           speedup=dense_fwd / fwd, rel_err=err, dsd_path="sm90" if hopper else "sm80")
+                           speedup=dense_fwd / fwd, rel_err=err, dsd_path="sm90" if hopper else "sm80",
+                           rounds=args.eager_rounds if peer else 1)
                     if hopper:  # the SM80 (mma.sync) forward too, for comparison
                         previous = _ops.set_hopper_kernels(False)
                         with torch.no_grad():
@@ -212,20 +273,12 @@ def run(args):
                             fwd_graph = time_graph_ms(lambda: layer(x), args.graph_calls, args.reps)
                         record(**common, method="ours", block=block, density=density, phase="forward_graph",
                                ms=fwd_graph, speedup=dense_fwd_graph / fwd_graph)
-                        params = (xg, layer.weight.data, layer.bias)
-
-                        def step():
-                            y = layer(xg)
-                            torch.autograd.grad(y, params, dy)
-
-                        train = timed(step)
                         record(**common, method="ours", block=block, density=density, phase="train", ms=train,
-                               speedup=dense_train / train)
+                               speedup=dense_train / train, rounds=args.eager_rounds if peer else 1)
                         train_graph = time_graph_ms(step, args.graph_steps, args.reps)
                         record(**common, method="ours", block=block, density=density, phase="train_graph",
                                ms=train_graph, speedup=dense_graph / train_graph)
-                    dense_masked = layer.weight.to_dense().detach()
-                    del layer
+                    del layer, step, params
                     if args.no_peers or decode:
                         continue
                     if density < 1.0 or block == 128:
@@ -237,36 +290,15 @@ def run(args):
                         except Exception as error:  # noqa: BLE001
                             record(**common, method="torch_bsr", block=block, density=density, phase="forward",
                                    error=f"{type(error).__name__}: {str(error)[:120]}")
-                    if stk is not None and block == 128:
-                        try:
-                            sw = stk.ops.to_sparse(dense_masked, blocking=128)
-                            swt = sw.t()
-                            t = timed(lambda: stk.ops.dds(x, swt))
-                            err = rel_err(stk.ops.dds(x, swt), F.linear(x, dense_masked))
-                            record(**common, method="stk", block=128, density=density, phase="forward", ms=t,
-                                   speedup=dense_fwd / t, rel_err=err)
-                            dyt = dy.t()
-
-                            def stk_step():
-                                stk.ops.dds(x, swt)
-                                stk.ops.dds(dy, sw)
-                                stk.ops.sdd(dyt, x, sw)
-                                dy.sum(0)
-
-                            t = timed(stk_step)
-                            record(**common, method="stk", block=128, density=density, phase="train", ms=t,
-                                   speedup=dense_train / t)
-                        except Exception as error:  # noqa: BLE001
-                            record(**common, method="stk", block=128, density=density, phase="forward",
-                                   error=f"{type(error).__name__}: {str(error)[:120]}")
-                            continue
+                    if peer is not None:
                         try:  # a peer that cannot be captured in a CUDA graph gets an error cell, not a crash
-                            t = time_graph_ms(stk_step, args.graph_steps, args.reps)
+                            t = time_graph_ms(peer["step"], args.graph_steps, args.reps)
                             record(**common, method="stk", block=128, density=density, phase="train_graph", ms=t,
                                    speedup=dense_graph / t)
                         except Exception as error:  # noqa: BLE001
                             record(**common, method="stk", block=128, density=density, phase="train_graph",
                                    error=f"{type(error).__name__}: {str(error)[:120]}")
+            peer = None  # its closures hold x and dy
             del x, dy, w, b, xg
             torch.cuda.empty_cache()
     return gpu, records
@@ -277,7 +309,9 @@ def markdown(gpu, records, args):
              f"torch {torch.__version__}, CUDA {torch.version.cuda}; median of {args.reps} CUDA-event timings; "
              f"decode shapes per call inside a CUDA graph of {args.graph_calls} calls; forward_graph: the forward "
              f"replayed from a CUDA graph of {args.graph_calls} calls; train_graph: the training "
-             f"step replayed from a CUDA graph of {args.graph_steps} steps (GPU time, no host overhead). Cells: "
+             f"step replayed from a CUDA graph of {args.graph_steps} steps (GPU time, no host overhead); block 128 "
+             f"forward and train cells of ours and STK: median of {args.eager_rounds} rounds that time the two "
+             "alternately (eager steps at low density are host-bound, and the host's speed drifts). Cells: "
              "speedup over dense F.linear in the same dtype (time in ms).", ""]
     keys = sorted({(r["dtype"], r["m"], r["k"], r["n"]) for r in records}, key=lambda t: (t[0], -t[1] * t[2] * t[3]))
     for dtype, m, k, n in keys:
@@ -352,6 +386,8 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--graph-calls", type=int, default=20)
     parser.add_argument("--graph-steps", type=int, default=4, help="training steps per CUDA graph (train_graph)")
+    parser.add_argument("--eager-rounds", type=int, default=5,
+                        help="rounds in which ours and STK's eager cells (block 128) are timed alternately")
     parser.add_argument("--no-peers", action="store_true", help="skip PyTorch BSR and STK")
     args = parser.parse_args(argv)
     args.dtypes = args.dtypes.split(",")
@@ -371,7 +407,7 @@ def main(argv=None):
     name = re.sub(r"[^A-Za-z0-9]+", "_", gpu).strip("_")
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, f"bench_linear_{name}")
-    meta = dict(gpu=gpu, torch=torch.__version__, cuda=torch.version.cuda, reps=args.reps,
+    meta = dict(gpu=gpu, torch=torch.__version__, cuda=torch.version.cuda, reps=args.reps, eager_rounds=args.eager_rounds,
                 graph_calls=args.graph_calls, graph_steps=args.graph_steps,
                 seconds=round(time.time() - started, 1), quick=args.quick)
     with open(base + ".json", "w") as handle:
