@@ -16,7 +16,9 @@ Then torch.profiler's CPU table of our step, by self CPU time.
     python benchmarks/profile/host_step.py --block 128 --density 0.1
 """
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -25,6 +27,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from pytorch_block_sparse_ng import BlockSparseLinear, _C, backend
 from pytorch_block_sparse_ng.functional import BlockSparseLinearFunction
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_linear import stk_functions  # noqa: E402  (STK's training step as bench_linear times it)
 
 
 class _Identity(torch.autograd.Function):
@@ -97,16 +102,7 @@ def main():
     try:
         import stk
         if args.block == 128:
-            sw = stk.ops.to_sparse(layer.weight.to_dense().detach(), blocking=128)
-            swt, dyt = sw.t(), dy.t()
-
-            def stk_ops():
-                stk.ops.dds(x, swt)
-                stk.ops.dds(dy, sw)
-                stk.ops.sdd(dyt, x, sw)
-                dy.sum(0)
-
-            stk_step = stk_ops
+            stk_step = stk_functions(stk, layer.weight.to_dense().detach(), x, dy)["step"]
     except ImportError:
         pass
 
