@@ -165,27 +165,24 @@ at::Tensor tile_counter_for(const at::Tensor& like, cudaStream_t stream) {
   const bool use_counter = g_tile_schedule != int64_t(TileSchedule::kRoundRobin);
   if (!use_counter) return at::Tensor();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  cudaError_t err = cudaStreamIsCapturing(stream, &capture);
+  const cudaError_t err = cudaStreamIsCapturing(stream, &capture);
   TORCH_CHECK(err == cudaSuccess, cat("querying the stream's capture status failed: ", cudaGetErrorString(err)));
-  if (capture == cudaStreamCaptureStatusNone) {
-    // Never destroyed: tensors freed during static destruction could outlive the CUDA context.
-    static std::mutex* mutex = new std::mutex();
-    static auto* counters = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
-    std::lock_guard<std::mutex> lock(*mutex);
-    const auto key = std::make_pair(int(like.device().index()), stream);
-    const auto found = counters->find(key);
-    if (found != counters->end()) return found->second;
+  auto zeroed_counter = [&] {
     at::Tensor counter = at::empty({2}, like.options().dtype(at::kInt));
-    err = cudaMemsetAsync(counter.data_ptr(), 0, 2 * sizeof(int), stream);
-    TORCH_CHECK(err == cudaSuccess, cat("zeroing the tile counter failed: ", cudaGetErrorString(err)));
-    counters->emplace(key, counter);
+    // A memset node, not at::zeros' fill kernel: less host time.
+    const cudaError_t zeroed = cudaMemsetAsync(counter.data_ptr(), 0, 2 * sizeof(int), stream);
+    TORCH_CHECK(zeroed == cudaSuccess, cat("zeroing the tile counter failed: ", cudaGetErrorString(zeroed)));
     return counter;
-  }
-  at::Tensor counter = at::empty({2}, like.options().dtype(at::kInt));
-  // A memset node, not at::zeros' fill kernel: less host time per call.
-  err = cudaMemsetAsync(counter.data_ptr(), 0, 2 * sizeof(int), stream);
-  TORCH_CHECK(err == cudaSuccess, cat("zeroing the tile counter failed: ", cudaGetErrorString(err)));
-  return counter;
+  };
+  if (capture != cudaStreamCaptureStatusNone) return zeroed_counter();
+  // Never destroyed: tensors freed during static destruction could outlive the CUDA context.
+  static std::mutex* mutex = new std::mutex();
+  static auto* counters = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
+  std::lock_guard<std::mutex> lock(*mutex);
+  const auto key = std::make_pair(int(like.device().index()), stream);
+  auto found = counters->find(key);
+  if (found == counters->end()) found = counters->emplace(key, zeroed_counter()).first;
+  return found->second;
 }
 
 int* counter_ptr(const at::Tensor& counter) { return counter.defined() ? counter.data_ptr<int>() : nullptr; }
