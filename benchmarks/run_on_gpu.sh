@@ -11,10 +11,12 @@ mkdir -p "$out"
 rm -f "$out/tests.log"
 MAX_JOBS=${MAX_JOBS:-16} python3 -m pip install --no-build-isolation --no-deps -e . > "$out/build.log" 2>&1 \
   || { tail -40 "$out/build.log"; exit 1; }
-nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > "$out/gpu.txt"
+# The device tool brings back at most 8 files: the GPU's description heads the test log.
+nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > "$out/tests.log"
 case " $* " in
   *" --no-bench "*) ;;
   *) python3 benchmarks/bench_ops.py --blocks 64,128 --densities 0.1,0.25,0.5,1.0 > "$out/bench_ops.txt" 2>&1
+     python3 benchmarks/bench_decode.py --out "$out" > /dev/null 2>> "$out/bench_ops.txt"
      python3 benchmarks/bench_linear.py --out "$out" > "$out/bench_linear.log" 2>&1 ;;
 esac
 for arg in "$@"; do
@@ -22,7 +24,7 @@ for arg in "$@"; do
     --memcheck)
       # memcheck and test logs share one file: the device tool brings back at most 8 files.
       compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -x tests/test_kernels_cuda.py \
-        -k "hopper_path_at_every_m and (m257 or m7-)" >> "$out/tests.log" 2>&1
+        -k "(hopper_path_at_every_m and (m257 or m7-)) or (decode_dsd and m33-)" >> "$out/tests.log" 2>&1
       echo "memcheck exit $?" >> "$out/tests.log" ;;
   esac
 done

@@ -264,6 +264,17 @@ int64_t set_hopper_min_rows(int64_t rows) {
   return exchange_knob(g_hopper_min_rows, rows, 1, "set_hopper_min_rows", "rows");
 }
 
+// dsd with at most this many rows of M takes the decode kernel (kernel_decode.cuh: W streamed by N / 16 CTAs,
+// no split workspace); 0 turns it off (tests and benchmarks compare both paths).
+int64_t g_decode_max_rows = kDecodeMaxRows;
+int64_t set_decode_max_rows(int64_t rows) {
+  PBSNG_CHECK_VALUE(rows >= 0 && rows <= kDecodeMaxRows, "set_decode_max_rows: rows=", rows, " must be in [0, ",
+                    kDecodeMaxRows, "]");
+  const int64_t previous = g_decode_max_rows;
+  g_decode_max_rows = rows;
+  return previous;
+}
+
 }  // namespace
 
 at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<at::Tensor>& bias,
@@ -293,6 +304,16 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   }
   c10::cuda::CUDAGuard guard(x.device());
   const int64_t m = x.size(0);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  if (m >= 1 && m <= g_decode_max_rows) {
+    at::Tensor y = at::empty({m, n}, x.options());
+    DsdParams p{x.data_ptr(), data.data_ptr(), b ? b->data_ptr() : nullptr, y.data_ptr(), nullptr,
+                row_offsets.data_ptr<int32_t>(), col_indices.data_ptr<int32_t>(), nullptr, nullptr, m, pat.nnz,
+                int(pat.n_block_rows), int(pat.n_block_cols), block, 1, 0, 0};
+    check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_decode<DType::kFloat16>(p, stream)
+                                                : launch_dsd_decode<DType::kBFloat16>(p, stream), kDsd);
+    return y;
+  }
   // Few rows of M (decode): R x ceil(M / 128) CTAs cannot fill the GPU, so split each block row's blocks
   // over several CTAs (fp32 partial sums added atomically, then bias and rounding).
   const int64_t ctas = pat.n_block_rows * ((m + 127) / 128);
@@ -314,7 +335,6 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
               splits > 1 ? y_f32.data_ptr<float>() : nullptr, row_offsets.data_ptr<int32_t>(),
               col_indices.data_ptr<int32_t>(), row_order.data_ptr<int32_t>(), nullptr, m, pat.nnz,
               int(pat.n_block_rows), int(pat.n_block_cols), block, int(splits), int(sms), int(g_hopper_stages)};
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
   if (splits == 1 && use_hopper_for(x.device().index(), block, m, pat.nnz)) {
     const at::Tensor counter = tile_counter_for(x, stream);
     p.tile_counter = counter_ptr(counter);
@@ -514,6 +534,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("enabled"));
   m.def("set_hopper_min_rows", &pbsng::set_hopper_min_rows,
         "the fewest rows M for which dsd / dds take the Hopper kernels; returns the previous value",
+        pybind11::arg("rows"));
+  m.def("set_decode_max_rows", &pbsng::set_decode_max_rows,
+        "dsd with at most this many rows of M (0-64, default 64) takes the decode kernel; returns the previous value",
         pybind11::arg("rows"));
   m.def("supported_block_sizes", []() { return std::vector<int64_t>{32, 64, 128}; });
   m.attr("BUILD_ARCHS") = PBSNG_BUILD_ARCHS;

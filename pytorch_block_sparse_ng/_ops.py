@@ -47,7 +47,7 @@ except ImportError as error:
 
 __all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "sdd_with_bias_grad", "describe_build", "set_hopper_kernels",
            "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row", "set_hopper_tile_schedule",
-           "set_hopper_pipeline_stages", "set_hopper_sdd_tail_split"]
+           "set_hopper_pipeline_stages", "set_hopper_sdd_tail_split", "set_decode_max_rows"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
 # default) unless this is "0".
@@ -94,6 +94,14 @@ def set_hopper_sdd_min_blocks_per_row(blocks: int) -> int:
     """The Hopper sdd with blocks of 64 runs when nnz >= blocks x block rows (default 3: sparser rows leave its
     8-block tiles mostly empty and the SM80 sdd is faster); returns the previous value."""
     return int(_C.set_hopper_sdd_min_blocks_per_row(int(blocks)))
+
+
+def set_decode_max_rows(rows: int) -> int:
+    """dsd with at most this many rows of M (0 to 64, default 64) takes the decode kernel, which streams the
+    kept blocks with N / 16 CTAs and no split workspace (the tiled kernels otherwise); 0 turns it off. Returns
+    the previous value."""
+    return int(_C.set_decode_max_rows(int(rows)))
+
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 _BLOCK_SIZES = tuple(_C.supported_block_sizes())

@@ -123,6 +123,59 @@ def test_sm80_path_on_every_gpu(case):
         _ops.set_hopper_kernels(previous)
 
 
+# The decode kernel (dsd with M <= 64): each of its token tiles (8, 16, 32, 64) and their edges, every block size,
+# rows without blocks (density 0 and 0.1), many short block rows (256 -> 4096) and few long ones (1024 -> 768).
+DECODE_GRID = [Case(m, i, o, d, b, t) for m in (1, 8, 9, 16, 17, 32, 33, 64) for (i, o) in ((1024, 768), (256, 4096))
+               for d in DENSITIES for b in BLOCKS for t in DTYPES]
+# Rows of >= 32 blocks of 64 (the 16-warp variant at M > 32).
+DECODE_GRID += [Case(m, 4096, 256, d, 64, t) for m in (33, 64) for d in (0.5, 1.0) for t in DTYPES]
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.parametrize("case", DECODE_GRID, ids=case_id)
+def test_decode_dsd_matches_reference(case):
+    from pytorch_block_sparse_ng import _ops
+
+    w, index, x, _, bias, data = _product_case(case, 3)
+    dense_t = w.to_dense(data.float()).detach().to(case.dtype)
+    assert _ops.set_decode_max_rows(64) == 64  # the default: M <= 64 takes the decode kernel
+    y = OPS.dsd(x, data, bias, *index)
+    assert_like_torch("decode dsd", y, reference.dsd(x.float(), data.float(), bias.float(), *index),
+                      F.linear(x, dense_t, bias))
+    y = OPS.dsd(x, data, None, *index)
+    assert_like_torch("decode dsd, no bias", y, reference.dsd(x.float(), data.float(), None, *index),
+                      F.linear(x, dense_t))
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.parametrize("block", BLOCKS)
+@pytest.mark.parametrize("m", (1, 7, 64))
+def test_decode_kernel_and_the_tiled_path_agree(m, block):
+    """The tiled kernels (split over the row's blocks at few rows) stay reachable with the decode kernel off, and
+    BlockSparseLinear takes the decode kernel for a 3-D, non-contiguous input of few tokens."""
+    from pytorch_block_sparse_ng import _ops
+
+    case = Case(m, 512, 1024, 0.3, block, torch.bfloat16)
+    w, index, x, _, bias, data = _product_case(case, 4)
+    ref = reference.dsd(x.float(), data.float(), bias.float(), *index)
+    torch_out = F.linear(x, w.to_dense(data.float()).detach().to(case.dtype), bias)
+    previous = _ops.set_decode_max_rows(0)
+    try:
+        assert_like_torch("tiled dsd", OPS.dsd(x, data, bias, *index), ref, torch_out)
+    finally:
+        _ops.set_decode_max_rows(previous)
+    layer = BlockSparseLinear(512, 1024, density=0.3, block_shape=(block, block), device="cuda",
+                              dtype=torch.bfloat16, generator=torch.Generator().manual_seed(5))
+    x3 = torch.randn(512, m, 2, device="cuda", dtype=torch.bfloat16).permute(2, 1, 0)  # (2, m, 512), strided
+    with torch.no_grad():
+        y = layer(x3)
+        dense = layer.weight.to_dense().detach()
+        ref = F.linear(x3.float(), dense.float(), layer.bias.float())
+        assert_like_torch("BlockSparseLinear, decode", y, ref, F.linear(x3, dense, layer.bias))
+
+
 HOPPER_GRID = [c for c in GRID if c.block in (64, 128)]
 HOPPER_GRID += [Case(m, 1024, 768, d, b, t) for m in (255, 256, 257, 513) for d in (0.05, 0.3) for b in (64, 128)
                 for t in DTYPES]
@@ -653,3 +706,7 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
         _ops.set_hopper_pipeline_stages(5)
     assert _ops.set_hopper_sdd_tail_split(False) is True
     assert _ops.set_hopper_sdd_tail_split(True) is False
+    assert _ops.set_decode_max_rows(0) == 64
+    assert _ops.set_decode_max_rows(64) == 0
+    with pytest.raises(ValueError, match=r"rows=65 must be in \[0, 64\]"):
+        _ops.set_decode_max_rows(65)

@@ -86,6 +86,10 @@ struct SddParams {
 template <DType D> cudaError_t launch_dsd_sm80(const DsdParams& p, cudaStream_t stream);
 template <DType D> cudaError_t launch_dds_sm80(const DdsParams& p, cudaStream_t stream);
 template <DType D> cudaError_t launch_sdd_sm80(const SddParams& p, cudaStream_t stream);
+// dsd for few rows of M (decode, 1 <= M <= kDecodeMaxRows; kernel_decode.cuh): one kernel that streams W's kept
+// blocks, no workspace; `y_f32`, `splits`, `row_order`, `tile_counter`, `sms` and `stages` are not used.
+constexpr int kDecodeMaxRows = 64;
+template <DType D> cudaError_t launch_dsd_decode(const DsdParams& p, cudaStream_t stream);
 // Hopper (TMA + warp-specialized wgmma, sm_90a) dsd and dds for blocks 64 and 128, nnz >= 1, splits == 1:
 // {dsd,dds}_sm90_{f16,bf16}.cu; launch only on sm_90 devices.
 template <DType D> cudaError_t launch_dsd_sm90(const DsdParams& p, cudaStream_t stream);
