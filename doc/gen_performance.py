@@ -28,7 +28,9 @@ is y = x Wᵀ + b, "train" a full training step of the layer (forward, grad inpu
 eager mode (host time included: at low density Python and kernel launches bound it), "train_graph" the same
 step replayed from a CUDA graph (GPU time, against dense replayed the same way; dense cuBLAS was measured
 slower in a graph than in eager mode on the H100, which flatters these ratios: compare the times too, see
-kernels.md); decode shapes (M = 1, 16 tokens) are timed inside a CUDA graph. Each configuration is checked
+kernels.md); decode shapes (M = 1, 16 tokens) are timed inside a CUDA graph, with the same weight at every call
+(it stays in L2 when it fits; `benchmarks/bench_decode.py` also times decode with the weight read from DRAM, as
+in a model's decode step: `benchmarks/results/bench_decode_*.txt`). Each configuration is checked
 against `F.linear` on its dense weight before it is timed. How the kernels work and why the numbers are what
 they are: [kernels.md](kernels.md).
 """
