@@ -154,35 +154,38 @@ int64_t set_hopper_tile_schedule(int64_t schedule) {
   return previous;
 }
 
-// The tile counter for a launch (int32[2]: tiles handed out, CTAs done), zero when the kernel starts; an
-// undefined tensor for round-robin. The kernel's last CTA zeroes it again (kernel_sm90_ws.cuh), so in eager
-// mode each (device, stream) keeps one, zeroed once: no allocation and no memset per call (H100 A/B against
-// a memset per call: 0.3-1.2 % less GPU time, 2-5 us less host time per call,
-// benchmarks/results/ab_tile_counter_per_stream_*.txt). While a CUDA graph is captured the
-// counter is the graph's own, zeroed by a memset node at every replay: a graph may be replayed on any stream,
-// concurrently with eager calls on the stream it was captured on.
-at::Tensor tile_counter_for(const at::Tensor& like, cudaStream_t stream) {
-  const bool use_counter = g_tile_schedule != int64_t(TileSchedule::kRoundRobin);
-  if (!use_counter) return at::Tensor();
+// `count` int32 counters that are zero when a kernel starts and that the kernel leaves zeroed again. In eager
+// mode each (device, stream, count) keeps one set, zeroed once: no allocation and no memset per call. While a
+// CUDA graph is captured the counters are the graph's own, zeroed by a memset node at every replay: a graph may
+// be replayed on any stream, concurrently with eager calls on the stream it was captured on.
+at::Tensor self_resetting_counters(const at::Tensor& like, cudaStream_t stream, int64_t count) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   const cudaError_t err = cudaStreamIsCapturing(stream, &capture);
   TORCH_CHECK(err == cudaSuccess, cat("querying the stream's capture status failed: ", cudaGetErrorString(err)));
-  auto zeroed_counter = [&] {
-    at::Tensor counter = at::empty({2}, like.options().dtype(at::kInt));
+  auto zeroed_counters = [&] {
+    at::Tensor counters = at::empty({count}, like.options().dtype(at::kInt));
     // A memset node, not at::zeros' fill kernel: less host time.
-    const cudaError_t zeroed = cudaMemsetAsync(counter.data_ptr(), 0, 2 * sizeof(int), stream);
-    TORCH_CHECK(zeroed == cudaSuccess, cat("zeroing the tile counter failed: ", cudaGetErrorString(zeroed)));
-    return counter;
+    const cudaError_t zeroed = cudaMemsetAsync(counters.data_ptr(), 0, count * sizeof(int), stream);
+    TORCH_CHECK(zeroed == cudaSuccess, cat("zeroing kernel counters failed: ", cudaGetErrorString(zeroed)));
+    return counters;
   };
-  if (capture != cudaStreamCaptureStatusNone) return zeroed_counter();
+  if (capture != cudaStreamCaptureStatusNone) return zeroed_counters();
   // Never destroyed: tensors freed during static destruction could outlive the CUDA context.
   static std::mutex* mutex = new std::mutex();
-  static auto* counters = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
+  static auto* kept = new std::map<std::tuple<int, cudaStream_t, int64_t>, at::Tensor>();
   std::lock_guard<std::mutex> lock(*mutex);
-  const auto key = std::make_pair(int(like.device().index()), stream);
-  auto found = counters->find(key);
-  if (found == counters->end()) found = counters->emplace(key, zeroed_counter()).first;
+  const auto key = std::make_tuple(int(like.device().index()), stream, count);
+  auto found = kept->find(key);
+  if (found == kept->end()) found = kept->emplace(key, zeroed_counters()).first;
   return found->second;
+}
+
+// The Hopper dsd / dds tile counter for a launch (int32[2]: tiles handed out, CTAs done; the kernel's last CTA
+// zeroes both), or an undefined tensor for round-robin. Kept per stream instead of a memset per call: H100 A/B
+// 0.3-1.2 % less GPU time, 2-5 us less host time per call (benchmarks/results/ab_tile_counter_per_stream_*.txt).
+at::Tensor tile_counter_for(const at::Tensor& like, cudaStream_t stream) {
+  if (g_tile_schedule == int64_t(TileSchedule::kRoundRobin)) return at::Tensor();
+  return self_resetting_counters(like, stream, 2);
 }
 
 int* counter_ptr(const at::Tensor& counter) { return counter.defined() ? counter.data_ptr<int>() : nullptr; }
@@ -448,16 +451,16 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
   // The tail split (kernel_sm90_sdd.cuh, blocks of 128): when the working CTAs may exceed a wave (at most
   // nnz / chunk + 2 R of them) and M has room for two pieces of kTailMinSteps (16) steps, a workspace and zeroed
   // counters; the kernel decides whether there is a tail to split.
-  at::Tensor tail;
+  at::Tensor tail, tail_counters;
   if (hopper && block == 128 && splits == 1 && g_hopper_sdd_tail_split && (m + 63) / 64 >= 32 &&
       (nnz + sdd_sm90_chunk(block) - 1) / sdd_sm90_chunk(block) + 2 * pat.n_block_rows > sms) {
     const int64_t floats = sdd_sm90_tail_floats(sms), counters = sdd_sm90_tail_counters(sms);
-    tail = at::empty({floats + counters}, dy.options().dtype(at::kFloat));
+    tail = at::empty({floats}, dy.options().dtype(at::kFloat));
+    // The piece that finishes an item last zeroes its counter again (kernel_sm90_sdd.cuh).
+    tail_counters = self_resetting_counters(dy, stream, counters);
     p.sms = int(sms);
     p.tail_ws = tail.data_ptr<float>();
-    p.tail_counters = reinterpret_cast<int*>(p.tail_ws + floats);
-    const cudaError_t err = cudaMemsetAsync(p.tail_counters, 0, counters * sizeof(int), stream);
-    TORCH_CHECK(err == cudaSuccess, cat(kSdd, ": zeroing the tail counters failed: ", cudaGetErrorString(err)));
+    p.tail_counters = tail_counters.data_ptr<int>();
   }
   if (hopper) {
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_sdd_sm90<DType::kFloat16>(p, stream)

@@ -223,7 +223,9 @@ def test_hopper_sdd_tail_split(density, empty_rows, dtype):
     """Blocks of 128, more working CTAs than SMs, not a multiple of them: the sdd gives the last partial wave's
     items to tail pieces over M (fp32 partials summed by the piece that finishes last). Against the reference
     and against the sdd without the tail split, with and without the bias sum, also for rows without blocks
-    (bias-only items, which come last), and twice in a row (the counters are zeroed per call)."""
+    (bias-only items, which come last), three times in a row and on two streams: the counters are kept per
+    stream and left zeroed by the kernel, and a counter left non-zero would leave an item unstored; each output
+    lands in a freed NaN-filled block of its size, so an unstored item cannot pass as an old result."""
     from pytorch_block_sparse_ng import _C
 
     block = 128
@@ -250,10 +252,22 @@ def test_hopper_sdd_tail_split(density, empty_rows, dtype):
     finally:
         _C.set_hopper_sdd_tail_split(previous)
     assert previous  # on by default
-    for _ in range(2):
-        dw = OPS.sdd(dy, x, *index, bshape)
+
+    def poisoned(fn):
+        junk = [torch.full(w.data.shape, float("nan"), device="cuda", dtype=dtype),
+                torch.full((4096,), float("nan"), device="cuda", dtype=dtype)]
+        del junk
+        return fn()
+
+    side = torch.cuda.Stream()
+    for call in range(4):
+        stream = side if call == 3 else torch.cuda.current_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            dw = poisoned(lambda: OPS.sdd(dy, x, *index, bshape))
+            dw_fused, db = poisoned(lambda: OPS.sdd_with_bias_grad(dy, x, *index, bshape))
+        torch.cuda.current_stream().wait_stream(stream)
         assert_like_torch("sdd, tail split", dw, ref, torch_dw)
-        dw_fused, db = OPS.sdd_with_bias_grad(dy, x, *index, bshape)
         assert_like_torch("sdd with bias, tail split", dw_fused, ref, torch_dw)
         assert_like_torch("bias gradient, tail split", db, dy.float().sum(0), dy.sum(0))
         # the same sums in another order: within a rounding of the untailed results

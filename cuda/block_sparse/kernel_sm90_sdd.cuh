@@ -120,11 +120,12 @@ struct KernelParams {
   // The tail split (splits == 1 only; tail_slots == 0: off). The working CTAs, in dispatch order, make
   // W = q x sms + e; the last e would run as a wave of their own, so their token steps are split into
   // `pieces` ranges run by the CTAs of the tail slots, each adding its fp32 partial results into tail_ws; the
-  // piece that finishes its item last (tail_counters, zeroed) sums them and stores the item.
+  // piece that finishes its item last (tail_counters, zero at the launch; that piece zeroes its counter again)
+  // sums them and stores the item.
   int sms;
   int tail_slots;
   float* tail_ws;      // sms x 2 consumers x kTailFloats
-  int* tail_counters;  // sms x 2, zeroed
+  int* tail_counters;  // sms x 2, zero at the launch and left zeroed
 };
 
 // Floats per consumer in tail_ws: its accumulator fragment (128 values per thread) and its bias-sum fragment
@@ -261,7 +262,12 @@ __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::Sha
       mine[(kTailVec4 - 1) * 128 + tid] = make_float4(bias_acc(0), bias_acc(1), bias_acc(2), bias_acc(3));
       __threadfence();
       cutlass::arch::NamedBarrier::sync(128, 2 + h);
-      if (tid == 0) sh.tail_last[h] = atomicAdd(p.tail_counters + 2 * tail_item + h, 1) == pieces - 1;
+      if (tid == 0) {
+        int* counter = p.tail_counters + 2 * tail_item + h;
+        const bool last = atomicAdd(counter, 1) == pieces - 1;
+        if (last) *counter = 0;  // every piece has counted: zeroed for the next launch (kept per stream)
+        sh.tail_last[h] = last;
+      }
       cutlass::arch::NamedBarrier::sync(128 * consumers, 1);
       stages_idle = true;
       if (!sh.tail_last[h]) return;

@@ -75,7 +75,8 @@ struct SddParams {
   int block;
   int splits;               // number of CTAs that share one block's reduction over M
   // Hopper sdd, splits == 1: the tail split (kernel_sm90_sdd.cuh). sms: CTAs per wave; tail_ws: fp32 workspace of
-  // sdd_sm90_tail_floats(sms) floats; tail_counters: sdd_sm90_tail_counters(sms) zeroed ints. nullptr: off.
+  // sdd_sm90_tail_floats(sms) floats; tail_counters: sdd_sm90_tail_counters(sms) ints, zero
+  // at the launch and left zeroed by the kernel. nullptr: off.
   int sms = 0;
   float* tail_ws = nullptr;
   int* tail_counters = nullptr;
