@@ -267,8 +267,8 @@ int64_t set_hopper_min_rows(int64_t rows) {
   return exchange_knob(g_hopper_min_rows, rows, 1, "set_hopper_min_rows", "rows");
 }
 
-// dsd with at most this many rows of M takes the decode kernel (kernel_decode.cuh: W streamed by N / 16 CTAs,
-// no split workspace); 0 turns it off (tests and benchmarks compare both paths).
+// dsd with at most this many rows of M takes the decode kernel (kernel_decode.cuh: W streamed by N / 16 or
+// N / 32 CTAs, no split workspace); 0 turns it off (tests and benchmarks compare both paths).
 int64_t g_decode_max_rows = kDecodeMaxRows;
 int64_t set_decode_max_rows(int64_t rows) {
   PBSNG_CHECK_VALUE(rows >= 0 && rows <= kDecodeMaxRows, "set_decode_max_rows: rows=", rows, " must be in [0, ",

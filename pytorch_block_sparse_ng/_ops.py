@@ -98,8 +98,8 @@ def set_hopper_sdd_min_blocks_per_row(blocks: int) -> int:
 
 def set_decode_max_rows(rows: int) -> int:
     """dsd with at most this many rows of M (0 to 64, default 64) takes the decode kernel, which streams the
-    kept blocks with N / 16 CTAs and no split workspace (the tiled kernels otherwise); 0 turns it off. Returns
-    the previous value."""
+    kept blocks with N / 16 or N / 32 CTAs and no split workspace (the tiled kernels otherwise); 0 turns it off.
+    Returns the previous value."""
     return int(_C.set_decode_max_rows(int(rows)))
 
 

@@ -5,17 +5,17 @@
 // With a handful of tokens the product is a read of W's kept blocks: the kernel must stream them at the
 // memory's speed, and the tiled kernels cannot (a 128-row tile per CTA, one block row per CTA, so few CTAs
 // that a split of the row's blocks across CTAs, an fp32 workspace, a memset and two more kernels made up for).
-// Here each CTA takes a 16-row slice of one block row (16 output features; N / 16 CTAs) and its 8 warps take
-// every 8th of the row's blocks, two blocks at a time so that each warp has 2 x 16 x B x 2 bytes of W in
-// flight; the warps add their fp32 sums through shared memory, then the bias, and round once: one kernel, no
-// workspace, deterministic.
+// Here each CTA takes a slice of 16 x MT features of one block row (N / (16 MT) CTAs) and its warps take every
+// WARPS-th of the row's blocks, two blocks at a time at small tiles so that each warp has 2 x 16 x B x 2 bytes
+// of W in flight; the warps add their fp32 sums through shared memory, then the bias, and round once: one
+// kernel, no workspace, deterministic. The tiles per M are chosen in launch_for_block.
 //
 // MMA (SM80_16x8x16 TN): A = 16 W rows (features) x 16 k, B = x^T (16 k x 8 tokens), D = y^T (16 features x 8
 // tokens). Inside each 32-wide chunk of k the order of k is permuted, the same way for A and B (which leaves the
 // sum unchanged), so that each lane's operands are 16 contiguous bytes: lane (g = lane / 4, c = lane % 4) loads
 // k 8c..8c+7 of W rows g and g + 8 and of token g's x row; words 0, 1 are its first MMA's k slots (2c, 2c+1) and
-// (2c+8, 2c+9), words 2, 3 its second MMA's. A warp's loads of one block slice cover 16 whole rows of the block,
-// i.e. 16 x B x 2 contiguous bytes.
+// (2c+8, 2c+9), words 2, 3 its second MMA's. A warp's loads of one block slice cover 16 x MT whole rows of the
+// block, i.e. 16 x MT x B x 2 contiguous bytes.
 //
 // Constraints as kernel_sm80.cuh (16-byte aligned pointers, K and N multiples of the block), and 1 <= M <= 64.
 #pragma once
