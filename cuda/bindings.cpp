@@ -317,10 +317,14 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
                                                 : launch_dsd_decode<DType::kBFloat16>(p, stream), kDsd);
     return y;
   }
-  // Few rows of M (decode): R x ceil(M / 128) CTAs cannot fill the GPU, so split each block row's blocks
-  // over several CTAs (fp32 partial sums added atomically, then bias and rounding).
-  const int64_t ctas = pat.n_block_rows * ((m + 127) / 128);
   const int64_t sms = multiprocessor_count(x.device().index());
+  // Few rows of M: R x ceil(M / 128) CTAs cannot fill the GPU. From 128 to 255 rows the SM80 kernel then takes
+  // 64-row tiles (twice the CTAs); H100, 4096 x 4096, blocks 64 / 128, densities 0.1-1.0: 0.63-1.0x the time of
+  // 128-row tiles at M = 128-224 in all 32 cells, but up to 1.15x at M = 72-96, where the second tile is mostly
+  // empty (benchmarks/results/ab_dsd_rows64_*.txt). Then, if still too few, each block row's blocks are split
+  // over several CTAs (fp32 partial sums added atomically, then bias and rounding).
+  const int64_t tile_rows = m >= 128 && m < 256 && pat.n_block_rows * ((m + 127) / 128) < sms ? 64 : 128;
+  const int64_t ctas = pat.n_block_rows * ((m + tile_rows - 1) / tile_rows);
   int64_t splits = 1;
   if (pat.nnz > 0 && ctas > 0 && ctas < sms) {
     // Each split keeps >= 512 of the row's K (on average): below that the extra memset / bias / cast
@@ -337,7 +341,8 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   DsdParams p{x.data_ptr(), data.data_ptr(), b ? b->data_ptr() : nullptr, splits > 1 ? nullptr : y.data_ptr(),
               splits > 1 ? y_f32.data_ptr<float>() : nullptr, row_offsets.data_ptr<int32_t>(),
               col_indices.data_ptr<int32_t>(), row_order.data_ptr<int32_t>(), nullptr, m, pat.nnz,
-              int(pat.n_block_rows), int(pat.n_block_cols), block, int(splits), int(sms), int(g_hopper_stages)};
+              int(pat.n_block_rows), int(pat.n_block_cols), block, int(splits), int(sms), int(g_hopper_stages),
+              int(tile_rows)};
   if (splits == 1 && use_hopper_for(x.device().index(), block, m, pat.nnz)) {
     const at::Tensor counter = tile_counter_for(x, stream);
     p.tile_counter = counter_ptr(counter);

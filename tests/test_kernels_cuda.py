@@ -176,6 +176,23 @@ def test_decode_kernel_and_the_tiled_path_agree(m, block):
         assert_like_torch("BlockSparseLinear, decode", y, ref, F.linear(x3, dense, layer.bias))
 
 
+# 128-255 rows with few block rows: the SM80 dsd takes 64-row tiles (bindings.cpp), full and partial.
+ROW_TILE_GRID = [Case(m, 1024, 768, d, b, t) for m in (128, 129, 200, 255) for d in (0.0, 0.3, 1.0) for b in BLOCKS
+                 for t in DTYPES]
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.parametrize("case", ROW_TILE_GRID, ids=case_id)
+def test_sm80_dsd_64_row_tiles(case):
+    w, index, x, _, bias, data = _product_case(case, 5)
+    dense_t = w.to_dense(data.float()).detach().to(case.dtype)
+    assert_like_torch("dsd, 64-row tiles", OPS.dsd(x, data, bias, *index),
+                      reference.dsd(x.float(), data.float(), bias.float(), *index), F.linear(x, dense_t, bias))
+    assert_like_torch("dsd, 64-row tiles, no bias", OPS.dsd(x, data, None, *index),
+                      reference.dsd(x.float(), data.float(), None, *index), F.linear(x, dense_t))
+
+
 HOPPER_GRID = [c for c in GRID if c.block in (64, 128)]
 HOPPER_GRID += [Case(m, 1024, 768, d, b, t) for m in (255, 256, 257, 513) for d in (0.05, 0.3) for b in (64, 128)
                 for t in DTYPES]

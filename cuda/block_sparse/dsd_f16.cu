@@ -1,4 +1,4 @@
 // dsd for fp16 inputs, blocks 32 / 64 / 128 (kernel_sm80.cuh has the kernel and its constraints).
 #include "block_sparse/kernel_sm80.cuh"
 
-PBSNG_DEFINE_LAUNCHER(dsd, DsdConfig, DsdParams, DType::kFloat16)
+PBSNG_DEFINE_DSD_LAUNCHER(DType::kFloat16)

@@ -33,6 +33,7 @@ struct DsdParams {
   int splits;               // CTAs sharing one block row's blocks
   int sms;                  // multiprocessors of the device (the Hopper kernels' persistent grid)
   int stages;               // Hopper kernel: pipeline stages, 3 or 4
+  int tile_rows = 128;      // SM80 kernel: rows of M per CTA, 64 or 128
 };
 
 // dx (M, K) = dy (M, N) W, through the column-major index. One CTA per (block column, tile of M rows).
