@@ -325,8 +325,14 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   // over several CTAs (fp32 partial sums added atomically, then bias and rounding).
   const int64_t tile_rows = m >= 128 && m < 256 && pat.n_block_rows * ((m + 127) / 128) < sms ? 64 : 128;
   const int64_t ctas = pat.n_block_rows * ((m + tile_rows - 1) / tile_rows);
+  // Blocks of 128 from 256 rows: the Hopper kernel, even on too few CTAs for one wave, beat the split SM80 kernel
+  // once it had >= 32 tiles (lines x 256-token tiles): H100, 4096 x 4096 and 1024 -> 4096, M = 256-768,
+  // 0.40-1.01x its time in all 40 cells; with 8-24 tiles (4096 -> 1024) 0.92-2.2x, and blocks of 64 1.1-1.17x
+  // on 4096 x 4096 at M = 256, up to 2.5x on 4096 -> 1024 (benchmarks/results/ab_dsd_hopper_few_tiles_*.txt).
+  const bool hopper_without_split = block == 128 && use_hopper_for(x.device().index(), block, m, pat.nnz) &&
+                                    pat.n_block_rows * ((m + 255) / 256) >= 32;
   int64_t splits = 1;
-  if (pat.nnz > 0 && ctas > 0 && ctas < sms) {
+  if (!hopper_without_split && pat.nnz > 0 && ctas > 0 && ctas < sms) {
     // Each split keeps >= 512 of the row's K (on average): below that the extra memset / bias / cast
     // kernels cost more than the parallelism gains (measured on H200, M = 1, 4096 x 4096).
     const int64_t k_per_row = (pat.nnz + pat.n_block_rows - 1) / pat.n_block_rows * block;

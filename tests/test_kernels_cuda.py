@@ -199,6 +199,8 @@ HOPPER_GRID += [Case(m, 1024, 768, d, b, t) for m in (255, 256, 257, 513) for d 
 # Lines (block rows / columns) of 64 come two per tile: odd counts leave one line in the last tile.
 HOPPER_GRID += [Case(300, 4096, 3072 + 64, 0.5, 64, torch.bfloat16), Case(513, 320, 448, 0.5, 64, torch.bfloat16),
                 Case(700, 448, 320, 1.0, 64, torch.float16)]
+# Blocks of 128, 32 lines, 256 < M < 512: fewer CTAs than SMs, but enough tiles for the Hopper dsd (no split).
+HOPPER_GRID += [Case(m, 1024, 4096, d, 128, t) for m in (300, 511) for d in (0.1, 1.0) for t in DTYPES]
 # sdd: few chunks -> the reduction over M split across CTAs (uneven last split), and rows of 1..8+ blocks.
 HOPPER_GRID += [Case(m, 768, 1024, d, b, torch.float16) for m in (4097, 20000) for d in (0.05, 0.2) for b in (64, 128)]
 
