@@ -131,21 +131,25 @@ DECODE_GRID = [Case(m, i, o, d, b, t) for m in (1, 8, 9, 16, 17, 32, 33, 64) for
 DECODE_GRID += [Case(m, 4096, 256, d, 64, t) for m in (33, 64) for d in (0.5, 1.0) for t in DTYPES]
 
 
+def _check_dsd(label, case, seed_offset):
+    """dsd of a case, with and without bias, against the fp32 reference (PyTorch's same-dtype error as the
+    yardstick)."""
+    w, index, x, _, bias, data = _product_case(case, seed_offset)
+    dense_t = w.to_dense(data.float()).detach().to(case.dtype)
+    assert_like_torch(label, OPS.dsd(x, data, bias, *index),
+                      reference.dsd(x.float(), data.float(), bias.float(), *index), F.linear(x, dense_t, bias))
+    assert_like_torch(f"{label}, no bias", OPS.dsd(x, data, None, *index),
+                      reference.dsd(x.float(), data.float(), None, *index), F.linear(x, dense_t))
+
+
 @pytest.mark.cuda
 @requires_kernels
 @pytest.mark.parametrize("case", DECODE_GRID, ids=case_id)
 def test_decode_dsd_matches_reference(case):
     from pytorch_block_sparse_ng import _ops
 
-    w, index, x, _, bias, data = _product_case(case, 3)
-    dense_t = w.to_dense(data.float()).detach().to(case.dtype)
     assert _ops.set_decode_max_rows(64) == 64  # the default: M <= 64 takes the decode kernel
-    y = OPS.dsd(x, data, bias, *index)
-    assert_like_torch("decode dsd", y, reference.dsd(x.float(), data.float(), bias.float(), *index),
-                      F.linear(x, dense_t, bias))
-    y = OPS.dsd(x, data, None, *index)
-    assert_like_torch("decode dsd, no bias", y, reference.dsd(x.float(), data.float(), None, *index),
-                      F.linear(x, dense_t))
+    _check_dsd("decode dsd", case, 3)
 
 
 @pytest.mark.cuda
@@ -185,12 +189,7 @@ ROW_TILE_GRID = [Case(m, 1024, 768, d, b, t) for m in (128, 129, 200, 255) for d
 @requires_kernels
 @pytest.mark.parametrize("case", ROW_TILE_GRID, ids=case_id)
 def test_sm80_dsd_64_row_tiles(case):
-    w, index, x, _, bias, data = _product_case(case, 5)
-    dense_t = w.to_dense(data.float()).detach().to(case.dtype)
-    assert_like_torch("dsd, 64-row tiles", OPS.dsd(x, data, bias, *index),
-                      reference.dsd(x.float(), data.float(), bias.float(), *index), F.linear(x, dense_t, bias))
-    assert_like_torch("dsd, 64-row tiles, no bias", OPS.dsd(x, data, None, *index),
-                      reference.dsd(x.float(), data.float(), None, *index), F.linear(x, dense_t))
+    _check_dsd("dsd, 64-row tiles", case, 5)
 
 
 HOPPER_GRID = [c for c in GRID if c.block in (64, 128)]
