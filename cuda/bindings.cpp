@@ -202,8 +202,14 @@ bool set_hopper_kernels(bool enabled) {
 // Blocks of 128 (chunks of 2) took the Hopper sdd even at 0.8 per row (0.076 vs 0.096 ms).
 int64_t g_hopper_sdd_min_blocks_per_row = 3;
 
-// Sets a tuning knob to `value` (>= `least`, else a ValueError naming `fn` and `name`); returns its old value.
-int64_t exchange_knob(int64_t& knob, int64_t value, int64_t least, const char* fn, const char* name) {
+// Sets a tuning knob to `value` (>= `least` and, if given, <= `most`, else a ValueError naming `fn` and `name`);
+// returns its old value.
+int64_t exchange_knob(int64_t& knob, int64_t value, int64_t least, const char* fn, const char* name,
+                      std::optional<int64_t> most = std::nullopt) {
+  if (most.has_value()) {
+    PBSNG_CHECK_VALUE(value >= least && value <= *most, fn, ": ", name, "=", value, " must be in [", least, ", ",
+                      *most, "]");
+  }
   PBSNG_CHECK_VALUE(value >= least, fn, ": ", name, "=", value, " must be >= ", least);
   const int64_t previous = knob;
   knob = value;
@@ -271,11 +277,7 @@ int64_t set_hopper_min_rows(int64_t rows) {
 // N / 32 CTAs, no split workspace); 0 turns it off (tests and benchmarks compare both paths).
 int64_t g_decode_max_rows = kDecodeMaxRows;
 int64_t set_decode_max_rows(int64_t rows) {
-  PBSNG_CHECK_VALUE(rows >= 0 && rows <= kDecodeMaxRows, "set_decode_max_rows: rows=", rows, " must be in [0, ",
-                    kDecodeMaxRows, "]");
-  const int64_t previous = g_decode_max_rows;
-  g_decode_max_rows = rows;
-  return previous;
+  return exchange_knob(g_decode_max_rows, rows, 0, "set_decode_max_rows", "rows", kDecodeMaxRows);
 }
 
 }  // namespace
@@ -329,8 +331,8 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   // once it had >= 32 tiles (lines x 256-token tiles): H100, 4096 x 4096 and 1024 -> 4096, M = 256-768,
   // 0.40-1.01x its time in all 40 cells; with 8-24 tiles (4096 -> 1024) 0.92-2.2x, and blocks of 64 1.1-1.17x
   // on 4096 x 4096 at M = 256, up to 2.5x on 4096 -> 1024 (benchmarks/results/ab_dsd_hopper_few_tiles_*.txt).
-  const bool hopper_without_split = block == 128 && use_hopper_for(x.device().index(), block, m, pat.nnz) &&
-                                    pat.n_block_rows * ((m + 255) / 256) >= 32;
+  const bool hopper = use_hopper_for(x.device().index(), block, m, pat.nnz);
+  const bool hopper_without_split = hopper && block == 128 && pat.n_block_rows * ((m + 255) / 256) >= 32;
   int64_t splits = 1;
   if (!hopper_without_split && pat.nnz > 0 && ctas > 0 && ctas < sms) {
     // Each split keeps >= 512 of the row's K (on average): below that the extra memset / bias / cast
@@ -349,7 +351,7 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
               col_indices.data_ptr<int32_t>(), row_order.data_ptr<int32_t>(), nullptr, m, pat.nnz,
               int(pat.n_block_rows), int(pat.n_block_cols), block, int(splits), int(sms), int(g_hopper_stages),
               int(tile_rows)};
-  if (splits == 1 && use_hopper_for(x.device().index(), block, m, pat.nnz)) {
+  if (splits == 1 && hopper) {
     const at::Tensor counter = tile_counter_for(x, stream);
     p.tile_counter = counter_ptr(counter);
     check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_sm90<DType::kFloat16>(p, stream)

@@ -432,11 +432,18 @@ template <class T> struct DsdConfig<T, 32> { using type = Config<T, 128, 32, 32,
 template <class T> struct DsdConfig<T, 64> { using type = Config<T, 128, 64, 64, 2, 2, 3, true, true>; };
 template <class T> struct DsdConfig<T, 128> { using type = Config<T, 128, 128, 64, 2, 4, 3, true, true>; };
 
-// 64 rows of M per CTA: twice the CTAs of 128-row tiles for few rows (64 < M <= a few hundred).
+// 64 rows of M per CTA: twice the CTAs of 128-row tiles where those are too few (bindings.cpp: 128 <= M < 256).
 template <class T, int Block> struct DsdConfigRows64;
 template <class T> struct DsdConfigRows64<T, 32> { using type = Config<T, 64, 32, 32, 4, 1, 4, true, true>; };
 template <class T> struct DsdConfigRows64<T, 64> { using type = Config<T, 64, 64, 64, 2, 2, 4, true, true>; };
 template <class T> struct DsdConfigRows64<T, 128> { using type = Config<T, 64, 128, 64, 2, 4, 3, true, true>; };
+
+// The dsd with DsdParams::tile_rows (64 or 128) rows of M per CTA.
+template <class T, int Block>
+cudaError_t launch_dsd_rows(const DsdParams& p, cudaStream_t stream) {
+  return p.tile_rows == 64 ? launch_dsd<typename DsdConfigRows64<T, Block>::type>(p, stream)
+                           : launch_dsd<typename DsdConfig<T, Block>::type>(p, stream);
+}
 
 template <class T, int Block> struct DdsConfig;
 template <class T> struct DdsConfig<T, 32> { using type = Config<T, 128, 32, 32, 4, 1, 4, true, false>; };
@@ -452,22 +459,18 @@ template <class T> struct SddConfig<T, 128> { using type = Config<T, 128, 128, 3
 }  // namespace pbsng
 
 // The dsd launcher for one dtype: 128 or 64 rows of M per CTA (DsdParams::tile_rows).
-#define PBSNG_DEFINE_DSD_LAUNCHER(DTYPE)                                                                 \
-  namespace pbsng {                                                                                      \
-  template <>                                                                                            \
-  cudaError_t launch_dsd_sm80<DTYPE>(const DsdParams& p, cudaStream_t stream) {                          \
-    using T = sm80::ElementFor<DTYPE>::type;                                                              \
-    const bool rows64 = p.tile_rows == 64;                                                               \
-    switch (p.block) {                                                                                   \
-      case 32: return rows64 ? sm80::launch_dsd<sm80::DsdConfigRows64<T, 32>::type>(p, stream)           \
-                             : sm80::launch_dsd<sm80::DsdConfig<T, 32>::type>(p, stream);                \
-      case 64: return rows64 ? sm80::launch_dsd<sm80::DsdConfigRows64<T, 64>::type>(p, stream)           \
-                             : sm80::launch_dsd<sm80::DsdConfig<T, 64>::type>(p, stream);                \
-      case 128: return rows64 ? sm80::launch_dsd<sm80::DsdConfigRows64<T, 128>::type>(p, stream)         \
-                              : sm80::launch_dsd<sm80::DsdConfig<T, 128>::type>(p, stream);              \
-      default: return cudaErrorInvalidValue;                                                             \
-    }                                                                                                    \
-  }                                                                                                      \
+#define PBSNG_DEFINE_DSD_LAUNCHER(DTYPE)                                                             \
+  namespace pbsng {                                                                                  \
+  template <>                                                                                        \
+  cudaError_t launch_dsd_sm80<DTYPE>(const DsdParams& p, cudaStream_t stream) {                      \
+    using T = sm80::ElementFor<DTYPE>::type;                                                          \
+    switch (p.block) {                                                                               \
+      case 32: return sm80::launch_dsd_rows<T, 32>(p, stream);                                       \
+      case 64: return sm80::launch_dsd_rows<T, 64>(p, stream);                                       \
+      case 128: return sm80::launch_dsd_rows<T, 128>(p, stream);                                     \
+      default: return cudaErrorInvalidValue;                                                         \
+    }                                                                                                \
+  }                                                                                                  \
   }
 
 // Explicit specializations of the launchers in params.h for one dtype (one .cu file per product and dtype).
