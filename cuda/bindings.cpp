@@ -365,10 +365,10 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   return y_f32.to(x.scalar_type());
 }
 
-at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& row_offsets,
-               const at::Tensor& col_indices, const at::Tensor& row_indices, const at::Tensor& col_offsets_t,
-               const at::Tensor& row_indices_t, const at::Tensor& perm_t, const at::Tensor& row_order,
-               const at::Tensor& col_order) {
+at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const at::Tensor& dy,
+                  const at::Tensor& data, const at::Tensor& row_offsets, const at::Tensor& col_indices,
+                  const at::Tensor& row_indices, const at::Tensor& col_offsets_t, const at::Tensor& row_indices_t,
+                  const at::Tensor& perm_t, const at::Tensor& row_order, const at::Tensor& col_order) {
   check_operand(dy, 2, kDds, "dy");
   check_operand(data, 3, kDds, "data");
   check_same_device(data, dy, kDds, "data", "dy");
@@ -382,6 +382,10 @@ at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& r
   check_rows(dy.size(0), 128, kDds, "dy");
   c10::cuda::CUDAGuard guard(dy.device());
   at::Tensor dx = at::empty({dy.size(0), k}, dy.options());
+  // dx comes from the caller's stream; the launch (and the tile counter, allocated in that stream's order) goes
+  // to work_stream when given.
+  std::optional<c10::cuda::CUDAStreamGuard> on_work_stream;
+  if (work_stream.has_value()) on_work_stream.emplace(*work_stream);
   DdsParams p{dy.data_ptr(), data.data_ptr(), dx.data_ptr(), col_offsets_t.data_ptr<int32_t>(),
               row_indices_t.data_ptr<int32_t>(), perm_t.data_ptr<int32_t>(), col_order.data_ptr<int32_t>(), nullptr,
               dy.size(0), pat.nnz,
@@ -398,6 +402,14 @@ at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& r
                                                  : launch_dds_sm80<DType::kBFloat16>(p, stream), kDds);
   }
   return dx;
+}
+
+at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& row_offsets,
+               const at::Tensor& col_indices, const at::Tensor& row_indices, const at::Tensor& col_offsets_t,
+               const at::Tensor& row_indices_t, const at::Tensor& perm_t, const at::Tensor& row_order,
+               const at::Tensor& col_order) {
+  return dds_on(std::nullopt, dy, data, row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t,
+                row_order, col_order);
 }
 
 // Returns (dW_b, the bias gradient dy.sum(0) when with_bias, else None). The Hopper sdd sums dy in its own
@@ -554,6 +566,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_decode_max_rows", &pbsng::set_decode_max_rows,
         "dsd with at most this many rows of M (0-64, default 64) takes the decode kernel; returns the previous value",
         pybind11::arg("rows"));
+  m.def("set_backward_overlap", &pbsng::set_backward_overlap,
+        "whether linear's backward runs the dds on a second stream beside the sdd; returns the previous setting",
+        pybind11::arg("enabled"));
   m.def("supported_block_sizes", []() { return std::vector<int64_t>{32, 64, 128}; });
   m.attr("BUILD_ARCHS") = PBSNG_BUILD_ARCHS;
 }

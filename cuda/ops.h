@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAStream.h>
 
 namespace pbsng {
 
@@ -22,6 +23,13 @@ at::Tensor dds(const at::Tensor& dy, const at::Tensor& data, const at::Tensor& r
                const at::Tensor& row_indices_t, const at::Tensor& perm_t, const at::Tensor& row_order,
                const at::Tensor& col_order);
 
+// dds whose output dx is allocated on the current stream while the kernel runs on `work_stream` when given: the
+// caller orders the two streams (linear's backward on two streams).
+at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const at::Tensor& dy,
+                  const at::Tensor& data, const at::Tensor& row_offsets, const at::Tensor& col_indices,
+                  const at::Tensor& row_indices, const at::Tensor& col_offsets_t, const at::Tensor& row_indices_t,
+                  const at::Tensor& perm_t, const at::Tensor& row_order, const at::Tensor& col_order);
+
 // (dW_b [nnz, B, B] = dy^T x on the kept blocks, dy.sum(0) when with_bias)
 std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
     const at::Tensor& dy, const at::Tensor& x, const at::Tensor& row_offsets, const at::Tensor& col_indices,
@@ -33,5 +41,9 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
 // `index` holds the eight tensors of layout.INDEX_NAMES + ORDER_NAMES.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& data, const std::optional<at::Tensor>& bias,
                   const std::vector<at::Tensor>& index);
+
+// Whether linear's backward runs the dds on a second stream beside the sdd (default true); returns the previous
+// setting.
+bool set_backward_overlap(bool enabled);
 
 }  // namespace pbsng

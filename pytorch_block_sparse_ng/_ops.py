@@ -47,7 +47,8 @@ except ImportError as error:
 
 __all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "sdd_with_bias_grad", "describe_build", "set_hopper_kernels",
            "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row", "set_hopper_tile_schedule",
-           "set_hopper_pipeline_stages", "set_hopper_sdd_tail_split", "set_decode_max_rows"]
+           "set_hopper_pipeline_stages", "set_hopper_sdd_tail_split", "set_decode_max_rows",
+           "set_backward_overlap"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
 # default) unless this is "0".
@@ -101,6 +102,14 @@ def set_decode_max_rows(rows: int) -> int:
     kept blocks with N / 16 or N / 32 CTAs and no split workspace (the tiled kernels otherwise); 0 turns it off.
     Returns the previous value."""
     return int(_C.set_decode_max_rows(int(rows)))
+
+
+def set_backward_overlap(enabled: bool) -> bool:
+    """Whether the layer's eager backward runs the input gradient (dds) on a second CUDA stream beside the weight
+    gradient (sdd), forked from and joined back to the current stream (default True: the dds fills the SMs the
+    sdd's waves leave idle); returns the previous setting. The traced path (torch.compile) runs them on one
+    stream."""
+    return bool(_C.set_backward_overlap(bool(enabled)))
 
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)

@@ -556,6 +556,49 @@ def test_eager_autograd_node_matches_the_python_function(block, wants, with_bias
 
 @pytest.mark.cuda
 @requires_kernels
+@pytest.mark.parametrize("block", BLOCKS)
+def test_backward_on_two_streams_matches_one_stream(block):
+    """The eager backward runs the dds on a second stream beside the sdd (_ops.set_backward_overlap): on a user
+    stream, over repeated steps whose gradients are freed and reallocated, it gives the one-stream gradients."""
+    from pytorch_block_sparse_ng import _ops
+
+    generator = torch.Generator().manual_seed(block)
+    layer = BlockSparseLinear(512, 384, density=0.4, block_shape=(block, block),
+                              generator=generator).cuda().to(torch.bfloat16)
+    x = torch.randn(300, 512, generator=generator).cuda().to(torch.bfloat16).requires_grad_(True)
+    dy = torch.randn(300, 384, generator=generator).cuda().to(torch.bfloat16)
+    params = (x, layer.weight.data, layer.bias)
+
+    def grads(overlap):
+        previous = _ops.set_backward_overlap(overlap)
+        try:
+            out = []
+            for _ in range(3):
+                got = torch.autograd.grad(layer(x), params, dy)
+                out = [g.float() for g in got]  # the previous step's gradients are freed here
+                junk = torch.full((300, 512), float("nan"), device="cuda", dtype=torch.bfloat16)  # reuses memory
+                del junk
+            return out
+        finally:
+            _ops.set_backward_overlap(previous)
+
+    previous_rows = _ops.set_hopper_min_rows(1)  # the Hopper kernels at M = 300 where the GPU has them
+    user = torch.cuda.Stream()
+    user.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(user):
+            one, two = grads(False), grads(True)
+        torch.cuda.current_stream().wait_stream(user)
+    finally:
+        _ops.set_hopper_min_rows(previous_rows)
+    for name, g1, g2 in zip(("grad x", "grad blocks", "grad bias"), one, two):
+        # the sdd may split its reduction over atomics: not bitwise reproducible
+        torch.testing.assert_close(g2, g1, rtol=0, atol=2 ** -7 * g1.abs().max().item(), msg=name)
+    assert _ops.set_backward_overlap(True) is True  # the default, restored
+
+
+@pytest.mark.cuda
+@requires_kernels
 def test_eager_autograd_node_refuses_double_backward():
     layer = BlockSparseLinear(256, 128, density=0.5, block_shape=(64, 64)).cuda().half()
     x = torch.randn(300, 256, device="cuda", dtype=torch.float16, requires_grad=True)
@@ -742,3 +785,5 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
     assert _ops.set_decode_max_rows(64) == 0
     with pytest.raises(ValueError, match=r"rows=65 must be in \[0, 64\]"):
         _ops.set_decode_max_rows(65)
+    assert _ops.set_backward_overlap(False) is True
+    assert _ops.set_backward_overlap(True) is False

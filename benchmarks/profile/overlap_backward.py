@@ -1,8 +1,9 @@
-"""Would the backward gain from running its two products at once? Times dds (grad input) and sdd with the fused
-bias gradient (grad blocks, grad bias) one after the other on one stream, and concurrently (sdd on a second
-stream, joined back), interleaved over rounds on fresh random patterns.
+"""Does the backward gain from running its two products at once? Times the layer's training step through the
+eager autograd node (_C.linear: dsd, then sdd on the current stream and dds on a second one, joined back) with
+_ops.set_backward_overlap on and off, eager and replayed from a CUDA graph of 4 steps (GPU time), interleaved
+over rounds on fresh random patterns.
 
-    python benchmarks/profile/overlap_backward.py [--rounds 3] [--shape 8192x4096x4096]
+    python benchmarks/profile/overlap_backward.py [--rounds 3] [--shape 8192x4096x4096] [--blocks 64,128]
 """
 import os
 import sys
@@ -11,35 +12,44 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from pytorch_block_sparse_ng import _C  # noqa: E402
+from pytorch_block_sparse_ng import BlockSparseMatrix, _ops  # noqa: E402
 
-from bench_linear import ab_setup, interleaved_times, ratio_report  # noqa: E402
+from bench_linear import ab_setup, ratio_report, time_graph_ms, time_ms  # noqa: E402
 
 
 def main():
     args, x, dy = ab_setup(__doc__, rounds=3)
-    side = torch.cuda.Stream()
-    for block in args.blocks:
-        for density in args.densities:
-            def variants(mat):
-                data, index, shape = mat.data.detach(), mat.indices(), [block, block]
+    xg = x.clone().requires_grad_(True)
+    bias = torch.zeros(args.n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    from pytorch_block_sparse_ng import _C
 
-                def sequential():
-                    _C.dds(dy, data, *index)
-                    _C.sdd(dy, x, *index, shape, True)
+    for graph in (False, True):
+        for block in args.blocks:
+            for density in args.densities:
+                times = {}
+                for r in range(args.rounds):
+                    mat = BlockSparseMatrix.randn((args.n, args.k), density=density, block_shape=(block, block),
+                                                  dtype=torch.bfloat16, device="cuda")
+                    data = mat.data.detach().requires_grad_(True)
+                    index = list(mat.indices())
 
-                def concurrent():
-                    main_stream = torch.cuda.current_stream()
-                    side.wait_stream(main_stream)
-                    with torch.cuda.stream(side):
-                        _C.sdd(dy, x, *index, shape, True)
-                    _C.dds(dy, data, *index)
-                    main_stream.wait_stream(side)
+                    def step():
+                        y = _C.linear(xg, data, bias, index)
+                        torch.autograd.grad(y, (xg, data, bias), dy)
 
-                return {"one stream": sequential, "two streams": concurrent}
+                    def timed(overlap):
+                        previous = _ops.set_backward_overlap(overlap)
+                        try:  # a graph captures the setting's streams
+                            return time_graph_ms(step, 4, 30) if graph else time_ms(step)
+                        finally:
+                            _ops.set_backward_overlap(previous)
 
-            times = interleaved_times(args, block, density, variants)
-            print(ratio_report(f"block {block:3d} density {density:4.2f} dds + sdd", times), flush=True)
+                    variants = [("one stream", False), ("two streams", True)]
+                    shift = r % len(variants)
+                    for name, overlap in variants[shift:] + variants[:shift]:
+                        times.setdefault(name, []).append(timed(overlap))
+                label = "graph" if graph else "eager"
+                print(ratio_report(f"{label} step block {block:3d} density {density:4.2f}", times), flush=True)
 
 
 if __name__ == "__main__":
