@@ -73,17 +73,20 @@ void record_then_wait(cudaEvent_t event, cudaStream_t from, cudaStream_t to) {
                                       cudaGetErrorString(err)));
 }
 
-// Two events without timing per thread (ATen's CUDAEvent header needs cuSPARSE's headers, which a build machine
-// may lack): fork and join.
-const std::pair<cudaEvent_t, cudaEvent_t>& fork_join_events() {
-  thread_local const std::pair<cudaEvent_t, cudaEvent_t> events = [] {
+// Two events without timing (fork and join) per thread and device: an event must belong to the device of the
+// streams it orders. (ATen's CUDAEvent header needs cuSPARSE's headers, which a build machine may lack.)
+const std::pair<cudaEvent_t, cudaEvent_t>& fork_join_events(c10::DeviceIndex device) {
+  thread_local std::map<c10::DeviceIndex, std::pair<cudaEvent_t, cudaEvent_t>> events;
+  auto found = events.find(device);
+  if (found == events.end()) {
+    c10::cuda::CUDAGuard guard(device);
     std::pair<cudaEvent_t, cudaEvent_t> e;
     cudaError_t err = cudaEventCreateWithFlags(&e.first, cudaEventDisableTiming);
     if (err == cudaSuccess) err = cudaEventCreateWithFlags(&e.second, cudaEventDisableTiming);
     TORCH_CHECK(err == cudaSuccess, cat(kLinear, ": creating CUDA events failed: ", cudaGetErrorString(err)));
-    return e;
-  }();
-  return events;
+    found = events.emplace(device, e).first;
+  }
+  return found->second;
 }
 
 struct LinearFunction : public torch::autograd::Function<LinearFunction> {
@@ -119,7 +122,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     if (want_x && want_data && g_backward_overlap) {
       const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(dy.device().index());
       const c10::cuda::CUDAStream side = side_stream_for(current);
-      const auto& [fork, join] = fork_join_events();
+      const auto& [fork, join] = fork_join_events(current.device_index());
       record_then_wait(fork, current.stream(), side.stream());
       auto [grad_data, grad_bias] = sdd(dy, x, idx[0], idx[1], idx[2], idx[3], idx[4], idx[5], idx[6], idx[7],
                                         {data.size(1), data.size(2)}, want_bias);
