@@ -119,29 +119,26 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     const bool want_x = ctx->needs_input_grad(0), want_data = ctx->needs_input_grad(1);
     const bool want_bias = has_bias && ctx->needs_input_grad(2);
     variable_list grads(3 + kIndexTensors);
+    // Both gradients wanted: the dds on the side stream, forked from the current one here and joined below.
+    std::optional<c10::cuda::CUDAStream> side;
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(dy.device().index());
     if (want_x && want_data && g_backward_overlap) {
-      const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(dy.device().index());
-      const c10::cuda::CUDAStream side = side_stream_for(current);
-      const auto& [fork, join] = fork_join_events(current.device_index());
-      record_then_wait(fork, current.stream(), side.stream());
-      auto [grad_data, grad_bias] = sdd(dy, x, idx[0], idx[1], idx[2], idx[3], idx[4], idx[5], idx[6], idx[7],
-                                        {data.size(1), data.size(2)}, want_bias);
-      grads[1] = grad_data;
-      if (want_bias) grads[2] = *grad_bias;
-      // dx is allocated on the current stream, so the allocator reuses its memory in that stream's order (no
-      // record_stream); dy and data come from it too, and it waits for the side stream below.
-      grads[0] = dds_on(side, dy, data, idx[0], idx[1], idx[2], idx[3], idx[4], idx[5], idx[6], idx[7]);
-      record_then_wait(join, side.stream(), current.stream());
-      return grads;
+      side = side_stream_for(current);
+      record_then_wait(fork_join_events(current.device_index()).first, current.stream(), side->stream());
     }
-    if (want_x) grads[0] = dds(dy, data, idx[0], idx[1], idx[2], idx[3], idx[4], idx[5], idx[6], idx[7]);
-    if (want_data) {
+    if (want_data) {  // first: its grid takes the SMs, the dds fills those its waves leave idle
       auto [grad_data, grad_bias] = sdd(dy, x, idx[0], idx[1], idx[2], idx[3], idx[4], idx[5], idx[6], idx[7],
                                         {data.size(1), data.size(2)}, want_bias);
       grads[1] = grad_data;
       if (want_bias) grads[2] = *grad_bias;
     } else if (want_bias) {
       grads[2] = dy.sum(0);
+    }
+    // dx is allocated on the current stream, so the allocator reuses its memory in that stream's order (no
+    // record_stream); dy and data come from it too, and it waits for the side stream below.
+    if (want_x) grads[0] = dds_on(side, dy, data, idx[0], idx[1], idx[2], idx[3], idx[4], idx[5], idx[6], idx[7]);
+    if (side.has_value()) {
+      record_then_wait(fork_join_events(current.device_index()).second, side->stream(), current.stream());
     }
     return grads;
   }
