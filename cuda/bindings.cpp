@@ -539,6 +539,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &pbsng::linear,
         "y = x W^T + bias with its backward (dds, sdd, bias sum) attached as a C++ autograd node (eager mode)",
         pybind11::arg("x"), pybind11::arg("data"), pybind11::arg("bias"), pybind11::arg("index"));
+  m.def("linear_backward", &pbsng::linear_backward,
+        "(dx, dW_b, db) of linear from dy, each None unless wanted; dds and sdd on two streams when both are wanted",
+        pybind11::arg("dy"), pybind11::arg("x"), pybind11::arg("data"), pybind11::arg("index"),
+        pybind11::arg("want_x"), pybind11::arg("want_data"), pybind11::arg("want_bias"));
   m.def("device_supported", &pbsng::device_supported, "whether this build has kernels for the device",
         pybind11::arg("device"));
   m.def("set_hopper_kernels", &pbsng::set_hopper_kernels,

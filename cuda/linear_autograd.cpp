@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -89,6 +90,39 @@ const std::pair<cudaEvent_t, cudaEvent_t>& fork_join_events(c10::DeviceIndex dev
   return found->second;
 }
 
+using Gradients = std::tuple<std::optional<at::Tensor>, std::optional<at::Tensor>, std::optional<at::Tensor>>;
+
+// The wanted gradients of y = x W^T + bias from dy (contiguous, 16-byte aligned): dx by the dds, the kept blocks'
+// by the sdd, the bias's fused into the sdd (or dy.sum(0) alone). `idx` points at the eight index tensors.
+Gradients gradients(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& data, const at::Tensor* idx,
+                    bool want_x, bool want_data, bool want_bias) {
+  Gradients grads;
+  // Both gradients wanted: the dds on the side stream, forked from the current one here and joined below.
+  std::optional<c10::cuda::CUDAStream> side;
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(dy.device().index());
+  if (want_x && want_data && g_backward_overlap) {
+    side = side_stream_for(current);
+    record_then_wait(fork_join_events(current.device_index()).first, current.stream(), side->stream());
+  }
+  if (want_data) {  // first: its grid takes the SMs, the dds fills those its waves leave idle
+    auto [grad_data, grad_bias] = sdd(dy, x, idx[0], idx[1], idx[2], idx[3], idx[4], idx[5], idx[6], idx[7],
+                                      {data.size(1), data.size(2)}, want_bias);
+    std::get<1>(grads) = grad_data;
+    if (want_bias) std::get<2>(grads) = *grad_bias;
+  } else if (want_bias) {
+    std::get<2>(grads) = dy.sum(0);
+  }
+  // dx is allocated on the current stream, so the allocator reuses its memory in that stream's order (no
+  // record_stream); dy and data come from it too, and it waits for the side stream below.
+  if (want_x) {
+    std::get<0>(grads) = dds_on(side, dy, data, idx[0], idx[1], idx[2], idx[3], idx[4], idx[5], idx[6], idx[7]);
+  }
+  if (side.has_value()) {
+    record_then_wait(fork_join_events(current.device_index()).second, side->stream(), current.stream());
+  }
+  return grads;
+}
+
 struct LinearFunction : public torch::autograd::Function<LinearFunction> {
   // Saved: x, data, then the eight index tensors.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& data,
@@ -114,32 +148,14 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     const at::Tensor& data = saved[1];
     const at::Tensor* idx = saved.data() + 2;
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    const at::Tensor dy = aligned(grad_outputs[0]);
     // Edges exist for tensor arguments only: x 0, data 1, bias 2 when given.
-    const bool want_x = ctx->needs_input_grad(0), want_data = ctx->needs_input_grad(1);
-    const bool want_bias = has_bias && ctx->needs_input_grad(2);
+    auto [grad_x, grad_data, grad_bias] =
+        gradients(aligned(grad_outputs[0]), x, data, idx, ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+                  has_bias && ctx->needs_input_grad(2));
     variable_list grads(3 + kIndexTensors);
-    // Both gradients wanted: the dds on the side stream, forked from the current one here and joined below.
-    std::optional<c10::cuda::CUDAStream> side;
-    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(dy.device().index());
-    if (want_x && want_data && g_backward_overlap) {
-      side = side_stream_for(current);
-      record_then_wait(fork_join_events(current.device_index()).first, current.stream(), side->stream());
-    }
-    if (want_data) {  // first: its grid takes the SMs, the dds fills those its waves leave idle
-      auto [grad_data, grad_bias] = sdd(dy, x, idx[0], idx[1], idx[2], idx[3], idx[4], idx[5], idx[6], idx[7],
-                                        {data.size(1), data.size(2)}, want_bias);
-      grads[1] = grad_data;
-      if (want_bias) grads[2] = *grad_bias;
-    } else if (want_bias) {
-      grads[2] = dy.sum(0);
-    }
-    // dx is allocated on the current stream, so the allocator reuses its memory in that stream's order (no
-    // record_stream); dy and data come from it too, and it waits for the side stream below.
-    if (want_x) grads[0] = dds_on(side, dy, data, idx[0], idx[1], idx[2], idx[3], idx[4], idx[5], idx[6], idx[7]);
-    if (side.has_value()) {
-      record_then_wait(fork_join_events(current.device_index()).second, side->stream(), current.stream());
-    }
+    if (grad_x.has_value()) grads[0] = *grad_x;
+    if (grad_data.has_value()) grads[1] = *grad_data;
+    if (grad_bias.has_value()) grads[2] = *grad_bias;
     return grads;
   }
 };
@@ -150,6 +166,21 @@ bool set_backward_overlap(bool enabled) {
   const bool previous = g_backward_overlap;
   g_backward_overlap = enabled;
   return previous;
+}
+
+std::tuple<std::optional<at::Tensor>, std::optional<at::Tensor>, std::optional<at::Tensor>> linear_backward(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& data, const std::vector<at::Tensor>& index,
+    bool want_x, bool want_data, bool want_bias) {
+  constexpr const char* kBackward = "pytorch_block_sparse_ng._C.linear_backward";
+  PBSNG_CHECK_VALUE(index.size() == kIndexTensors, kBackward, ": index must hold the ", kIndexTensors,
+                    " index tensors of BlockSparseMatrix.indices(), got ", index.size());
+  check_defined(x, kBackward, "x");
+  check_defined(data, kBackward, "data");
+  // Before the streams fork on dy's device: the products check the rest.
+  check_cuda(dy, kBackward, "dy");
+  check_same_device(x, dy, kBackward, "x", "dy");
+  check_same_device(data, dy, kBackward, "data", "dy");
+  return gradients(aligned(dy), aligned(x), aligned(data), index.data(), want_x, want_data, want_bias);
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& data, const std::optional<at::Tensor>& bias,

@@ -42,6 +42,13 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
 at::Tensor linear(const at::Tensor& x, const at::Tensor& data, const std::optional<at::Tensor>& bias,
                   const std::vector<at::Tensor>& index);
 
+// linear's gradients for traced code (a custom op of _ops.py): dx when want_x, the kept blocks' when want_data,
+// the bias's when want_bias (None where not wanted); the dds runs on a second stream beside the sdd when both
+// are wanted, as in linear's backward.
+std::tuple<std::optional<at::Tensor>, std::optional<at::Tensor>, std::optional<at::Tensor>> linear_backward(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& data, const std::vector<at::Tensor>& index,
+    bool want_x, bool want_data, bool want_bias);
+
 // Whether linear's backward runs the dds on a second stream beside the sdd (default true); returns the previous
 // setting.
 bool set_backward_overlap(bool enabled);

@@ -202,6 +202,24 @@ def _sdd_with_bias_grad_fake(dy, x, row_offsets, col_indices, row_indices, col_o
     return (x.new_empty((col_indices.shape[0], block_shape[0], block_shape[1])), dy.new_empty((dy.shape[1],)))
 
 
+# ------------------------------------------------------------------------------------------------ linear_grads
+# Both gradients of the layer in one op, so that traced code (torch.compile) gets the eager node's two streams:
+# the dds on a second stream beside the sdd (_C.linear_backward). The bias gradient is empty when not wanted.
+@torch.library.custom_op("pytorch_block_sparse_ng::linear_grads", mutates_args=())
+def _linear_grads(dy: Tensor, x: Tensor, data: Tensor, row_offsets: Tensor, col_indices: Tensor,
+                  row_indices: Tensor, col_offsets_t: Tensor, row_indices_t: Tensor, perm_t: Tensor,
+                  row_order: Tensor, col_order: Tensor, with_bias: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    index = [row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t, row_order, col_order]
+    grad_x, grad_data, grad_bias = _C.linear_backward(dy, x, data, index, True, True, with_bias)
+    return grad_x, grad_data, grad_bias if with_bias else dy.new_empty((0,))
+
+
+@_linear_grads.register_fake
+def _linear_grads_fake(dy, x, data, row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t,
+                       row_order, col_order, with_bias):
+    return x.new_empty(x.shape), data.new_empty(data.shape), dy.new_empty((dy.shape[1] if with_bias else 0,))
+
+
 # ------------------------------------------------------------------------------------------------ API for backend.py
 # In eager mode on plain tensors the bindings are called directly: going through the dispatcher costs tens of
 # microseconds per call, more than the kernels themselves take at small sizes. Under torch.compile / export
@@ -241,6 +259,16 @@ def sdd_with_bias_grad(dy: Tensor, x: Tensor, *args) -> Tuple[Tensor, Tensor]:
     return _sdd_with_bias_grad(dy, x, *index, [int(b) for b in block_shape])
 
 
+def linear_grads(dy: Tensor, x: Tensor, data: Tensor, *index: Tensor,
+                 with_bias: bool) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """(dx = dy W, dW_b = dyᵀ x on the kept blocks, dy.sum(0) when with_bias else None), the dds on a second
+    stream beside the sdd (set_backward_overlap)."""
+    if _eager(dy):
+        return _C.linear_backward(dy, x, data, list(index), True, True, with_bias)
+    grad_x, grad_data, grad_bias = _linear_grads(dy, x, data, *index, with_bias)
+    return grad_x, grad_data, grad_bias if with_bias else None
+
+
 def linear(x: Tensor, data: Tensor, bias: Optional[Tensor], *index: Tensor) -> Optional[Tensor]:
     """y = x Wᵀ + bias with its backward (dds, sdd, the bias sum) attached as the extension's C++ autograd node,
     whose backward runs on the autograd engine's device thread without the GIL. Eager mode on plain tensors
@@ -250,4 +278,4 @@ def linear(x: Tensor, data: Tensor, bias: Optional[Tensor], *index: Tensor) -> O
     return _C.linear(x, data, bias, index)
 
 
-ops = (_dsd, _dds, _sdd, _sdd_with_bias_grad)  # for torch.library.opcheck in the tests
+ops = (_dsd, _dds, _sdd, _sdd_with_bias_grad, _linear_grads)  # for torch.library.opcheck in the tests

@@ -17,7 +17,7 @@ import torch
 from . import _extension, reference
 
 __all__ = ["set_backend", "get_backend", "use_backend", "kernels_available", "dsd", "dds", "sdd", "sdd_with_bias_grad",
-           "linear_with_grad"]
+           "linear_grads", "linear_with_grad"]
 
 _BACKENDS = ("auto", "reference")
 _ENV_VAR = "PYTORCH_BLOCK_SPARSE_NG_BACKEND"
@@ -30,6 +30,10 @@ def _check_backend(name: str, where: str) -> str:
 
 
 _backend = _check_backend(os.environ.get(_ENV_VAR, "auto"), f"environment variable {_ENV_VAR}")
+# The extension is loaded here, at import, not at the first product: torch.compile cannot trace the loading (a
+# file search and an import), so a model compiled before any eager call broke its graph there (fullgraph=True
+# raised).
+_extension.get()
 
 
 def set_backend(name: str) -> None:
@@ -92,6 +96,17 @@ def sdd_with_bias_grad(dy: torch.Tensor, x: torch.Tensor, data: torch.Tensor,
     if ops is not None:
         return ops.sdd_with_bias_grad(dy, x, *index, data.shape[1:])
     return reference.sdd(dy, x, *index, tuple(data.shape[1:])), dy.sum(0)
+
+
+def linear_grads(dy: torch.Tensor, x: torch.Tensor, data: torch.Tensor, *index: torch.Tensor,
+                 with_bias: bool) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """(dx, dW_b, dy.sum(0) when with_bias else None): both products of the layer's backward, on two streams
+    where the kernels compute them."""
+    ops = _kernels_for(x, data)
+    if ops is not None:
+        return ops.linear_grads(dy, x, data, *index, with_bias=with_bias)
+    return (reference.dds(dy, data, *index), reference.sdd(dy, x, *index, tuple(data.shape[1:])),
+            dy.sum(0) if with_bias else None)
 
 
 def linear_with_grad(x: torch.Tensor, data: torch.Tensor, bias: Optional[torch.Tensor],

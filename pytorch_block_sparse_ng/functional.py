@@ -1,7 +1,9 @@
 """The block-sparse linear product with autograd: y = x Wᵀ + bias for a ``BlockSparseMatrix`` W.
 
 One ``torch.autograd.Function`` for the whole layer: forward is ``dsd``, backward is ``dds`` (grad input)
-and ``sdd`` (grad of the kept blocks only) with the bias sum (fused into the sdd kernel where it can). Every
+and ``sdd`` (grad of the kept blocks only) with the bias sum (fused into the sdd kernel where it can); when both
+x and the blocks want a gradient, one op computes all (``linear_grads``: the kernels run the two products on two
+streams). Every
 index tensor is an argument and only tensors are saved, so the Function holds no module and is safe for
 ``torch.compile`` and DDP.
 
@@ -35,6 +37,9 @@ class BlockSparseLinearFunction(torch.autograd.Function):
     def backward(ctx, grad_output):
         x, data, *index = ctx.saved_tensors
         grad_output = grad_output.contiguous()
+        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:  # one op: the two products on two streams
+            grads = backend.linear_grads(grad_output, x, data, *index, with_bias=ctx.needs_input_grad[2])
+            return grads + (None,) * len(index)
         grad_x = backend.dds(grad_output, data, *index) if ctx.needs_input_grad[0] else None
         grad_data = grad_bias = None
         if ctx.needs_input_grad[1] and ctx.needs_input_grad[2]:  # one pass over grad_output for both

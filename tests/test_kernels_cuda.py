@@ -6,6 +6,9 @@ the errors being the largest absolute difference to the fp32 result. They skip w
 extension is there. The argument-check tests need only the built extension (they run on CPU-only machines).
 """
 
+import os
+import subprocess
+import sys
 import zlib
 from collections import namedtuple
 
@@ -625,6 +628,8 @@ def test_opcheck(dtype):
     torch.library.opcheck(_ops._dds, (dy, data, *index))
     torch.library.opcheck(_ops._sdd, (dy, x, *index, [64, 64]))
     torch.library.opcheck(_ops._sdd_with_bias_grad, (dy, x, *index, [64, 64]))
+    for with_bias in (True, False):
+        torch.library.opcheck(_ops._linear_grads, (dy, x, data, *index, with_bias))
     previous = _ops.set_hopper_min_rows(1)  # the Hopper sdd where the GPU has it: the bias sum is fused
     try:
         torch.library.opcheck(_ops._sdd_with_bias_grad, (dy, x, *index, [64, 64]))
@@ -650,6 +655,54 @@ def test_torch_compile_fullgraph_forward_and_backward():
     torch.testing.assert_close(y, expected, rtol=1e-2, atol=1e-2)
     for got, want in zip((layer.weight.data.grad, layer.bias.grad), grads):
         torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.cuda
+@requires_kernels
+def test_torch_compile_fullgraph_as_the_first_call_in_a_process():
+    """A model compiled before any eager call: the extension is loaded at import, not traced (a regression: its
+    lazy loading under torch.compile broke the graph)."""
+    code = """if True:
+        import torch
+        from pytorch_block_sparse_ng import BlockSparseLinear
+        layer = BlockSparseLinear(512, 256, density=0.5, block_shape=(64, 64)).cuda().half()
+        x = torch.randn(300, 512, device="cuda", dtype=torch.float16, requires_grad=True)
+        torch.compile(layer, fullgraph=True)(x).float().square().sum().backward()
+        assert x.grad is not None and layer.weight.data.grad is not None
+        print("ok")
+    """
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_torch_compile_backward_takes_both_products_in_one_op(bias):
+    """With grads for x and the blocks, the traced backward calls linear_grads (dds and sdd on two streams, as the
+    eager node) and matches the eager gradients; with the overlap off, too."""
+    from pytorch_block_sparse_ng import _ops
+
+    torch._dynamo.reset()
+    generator = torch.Generator().manual_seed(6)
+    layer = BlockSparseLinear(512, 768, bias=bias, density=0.5, block_shape=(64, 64),
+                              generator=generator).cuda().to(torch.bfloat16)
+    x = torch.randn(2, 300, 512, generator=generator).cuda().to(torch.bfloat16).requires_grad_(True)
+    dy = torch.randn(2, 300, 768, generator=generator).cuda().to(torch.bfloat16)
+    params = [p for p in (layer.weight.data, layer.bias) if p is not None]
+    expected = torch.autograd.grad(layer(x), [x, *params], dy)
+    compiled = torch.compile(layer, fullgraph=True)
+    for overlap in (True, False):
+        previous = _ops.set_backward_overlap(overlap)
+        try:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                got = torch.autograd.grad(compiled(x), [x, *params], dy)
+        finally:
+            _ops.set_backward_overlap(previous)
+        assert any(e.key == "pytorch_block_sparse_ng::linear_grads" for e in prof.key_averages())
+        for name, g, e in zip(("x", "blocks", "bias"), got, expected):
+            torch.testing.assert_close(g, e, rtol=2e-2, atol=2e-2, msg=lambda m: f"grad of {name}: {m}")
 
 
 @pytest.mark.cuda
@@ -691,6 +744,11 @@ def test_cpu_tensor_is_refused_with_its_name():
         _C.dds(torch.randn(5, 128, dtype=torch.float16), w.data.detach(), *w.indices())
     with pytest.raises(ValueError, match=r"_C\.sdd: dy must be a CUDA tensor"):
         _C.sdd(torch.randn(5, 128, dtype=torch.float16), x, *w.indices(), [32, 32])
+    dy = torch.randn(5, 128, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"_C\.linear_backward: dy must be a CUDA tensor, got a tensor on cpu"):
+        _C.linear_backward(dy, x, w.data.detach(), list(w.indices()), True, True, False)
+    with pytest.raises(ValueError, match=r"_C\.linear_backward: index must hold the 8 index tensors .* got 7"):
+        _C.linear_backward(dy, x, w.data.detach(), list(w.indices())[:7], True, True, False)
 
 
 @requires_extension
