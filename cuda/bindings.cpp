@@ -7,6 +7,7 @@
 // `linear` (linear_autograd.cpp) is the layer's eager autograd function.
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -18,6 +19,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -96,6 +98,29 @@ void check_rows(int64_t m, int block_m_tile, const char* fn, const char* name) {
   PBSNG_CHECK_VALUE((m + block_m_tile - 1) / block_m_tile <= 65535, fn, ": ", name, " has ", m,
                     " rows; at most ", int64_t(65535) * block_m_tile, " are supported");
 }
+
+// A guard for the device of a product that also makes the device's primary context current on this thread.
+// The Hopper kernels' tensor maps are encoded through the driver API (cuTensorMapEncodeTiled), which, unlike the
+// runtime, binds no context by itself: on a thread that had made no CUDA runtime call yet while its device index
+// already matched (the autograd engine's device thread for GPU 0: PyTorch skips cudaSetDevice then), the encode
+// failed and the product reported "kernel launch failed: invalid argument" (H100: the first backward of a process
+// with the backward on one stream, an sdd with blocks of 64 in a fresh thread). Forced once per thread and device.
+class ProductDeviceGuard {
+ public:
+  explicit ProductDeviceGuard(const c10::Device& device) : guard_(device) {
+    thread_local uint64_t bound = 0;  // bit d: device d's context was made current on this thread
+    const int index = device.index();
+    const uint64_t bit = index >= 0 && index < 64 ? uint64_t(1) << index : 0;
+    if (bit != 0 && (bound & bit) != 0) return;
+    const cudaError_t err = c10::cuda::SetDevice(device.index(), /*force=*/true);
+    TORCH_CHECK(err == cudaSuccess, cat("making the CUDA context of ", device, " current failed: ",
+                                        cudaGetErrorString(err)));
+    bound |= bit;
+  }
+
+ private:
+  c10::cuda::CUDAGuard guard_;
+};
 
 int multiprocessor_count(int device) {
   static int counts[64] = {0};
@@ -307,7 +332,7 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
     PBSNG_CHECK_VALUE(b->dim() == 1 && b->size(0) == n, kDsd, ": bias.shape=", shape_str(*b),
                       " must be (out_features=", n, ",)");
   }
-  c10::cuda::CUDAGuard guard(x.device());
+  ProductDeviceGuard guard(x.device());
   const int64_t m = x.size(0);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
   if (m >= 1 && m <= g_decode_max_rows) {
@@ -380,7 +405,7 @@ at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const
   PBSNG_CHECK_VALUE(dy.size(1) == n, kDds, ": dy.shape=", shape_str(dy), " must be (M, out_features=", n,
                     ") for a weight of ", pat.n_block_rows, " block rows of ", block);
   check_rows(dy.size(0), 128, kDds, "dy");
-  c10::cuda::CUDAGuard guard(dy.device());
+  ProductDeviceGuard guard(dy.device());
   at::Tensor dx = at::empty({dy.size(0), k}, dy.options());
   // dx comes from the caller's stream; the launch (and the tile counter, allocated in that stream's order) goes
   // to work_stream when given.
@@ -433,7 +458,7 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
   PBSNG_CHECK_VALUE(x.size(1) == k, kSdd, ": x.shape=", shape_str(x), " must be (M, in_features=", k, ")");
   PBSNG_CHECK_VALUE(x.size(0) == dy.size(0), kSdd, ": x.shape=", shape_str(x), " and dy.shape=", shape_str(dy),
                     " must have the same number of rows M");
-  c10::cuda::CUDAGuard guard(dy.device());
+  ProductDeviceGuard guard(dy.device());
   const int64_t m = dy.size(0), nnz = pat.nnz;
   const int64_t sms = multiprocessor_count(dy.device().index());
   const bool hopper = use_hopper_for(dy.device().index(), block, m, nnz) &&

@@ -678,6 +678,46 @@ def test_torch_compile_fullgraph_as_the_first_call_in_a_process():
 
 @pytest.mark.cuda
 @requires_kernels
+def test_products_on_threads_that_made_no_cuda_call_yet():
+    """The Hopper kernels' tensor maps are encoded by the driver API, which binds no context: a thread that had
+    made no CUDA runtime call (a fresh thread; the autograd engine's device thread at the first backward of a
+    process) failed with "kernel launch failed: invalid argument" (a regression). In a fresh process: the sdd
+    (blocks of 64, no runtime call before its encode) in a new thread against the main thread's, then a first
+    backward on one stream against the reference."""
+    code = """if True:
+        import threading
+        import torch
+        from pytorch_block_sparse_ng import BlockSparseLinear, BlockSparseMatrix, _C, _ops, reference
+        torch.manual_seed(0)
+        w = BlockSparseMatrix.randn((1024, 1024), density=0.5, block_shape=(64, 64), dtype=torch.bfloat16,
+                                    device="cuda")
+        x = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+        index = list(w.indices())
+        expected = _C.sdd(dy, x, *index, [64, 64], True)  # main thread; its output sizes stay cached
+        got = {}
+        thread = threading.Thread(target=lambda: got.update(sdd=_C.sdd(dy, x, *index, [64, 64], True)))
+        thread.start()
+        thread.join()
+        torch.testing.assert_close(got["sdd"][0], expected[0], rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(got["sdd"][1], expected[1], rtol=1e-2, atol=1e-2)
+        _ops.set_backward_overlap(False)
+        layer = BlockSparseLinear(4096, 4096, density=0.1, block_shape=(64, 64)).cuda().to(torch.bfloat16)
+        xs = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        grads = torch.autograd.grad(layer(xs).float().sum(), [xs, layer.weight.data])
+        data = layer.weight.data.detach()
+        ones = torch.ones(8192, 4096, device="cuda")
+        want_x = reference.dds(ones, data.float(), *layer.weight.indices())
+        torch.testing.assert_close(grads[0].float(), want_x, rtol=2e-2, atol=2e-2)
+        print("ok")
+    """
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+@pytest.mark.cuda
+@requires_kernels
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 def test_torch_compile_backward_takes_both_products_in_one_op(bias):
     """With grads for x and the blocks, the traced backward calls linear_grads (dds and sdd on two streams, as the
