@@ -657,6 +657,13 @@ def test_torch_compile_fullgraph_forward_and_backward():
         torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
 
 
+def _run_in_a_fresh_process(code):
+    """Runs `code` (which prints "ok" last) in a new Python process from the repository root."""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
 @pytest.mark.cuda
 @requires_kernels
 def test_torch_compile_fullgraph_as_the_first_call_in_a_process():
@@ -671,9 +678,7 @@ def test_torch_compile_fullgraph_as_the_first_call_in_a_process():
         assert x.grad is not None and layer.weight.data.grad is not None
         print("ok")
     """
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+    _run_in_a_fresh_process(code)
 
 
 @pytest.mark.cuda
@@ -711,9 +716,7 @@ def test_products_on_threads_that_made_no_cuda_call_yet():
         torch.testing.assert_close(grads[0].float(), want_x, rtol=2e-2, atol=2e-2)
         print("ok")
     """
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+    _run_in_a_fresh_process(code)
 
 
 @pytest.mark.cuda
