@@ -203,21 +203,24 @@ def _sdd_with_bias_grad_fake(dy, x, row_offsets, col_indices, row_indices, col_o
 
 
 # ------------------------------------------------------------------------------------------------ linear_grads
-# Both gradients of the layer in one op, so that traced code (torch.compile) gets the eager node's two streams:
-# the dds on a second stream beside the sdd (_C.linear_backward). The bias gradient is empty when not wanted.
+# The layer's wanted gradients in one op (_C.linear_backward, the eager node's backward body), so that traced code
+# (torch.compile) gets the same two streams: the dds beside the sdd when both are wanted. A gradient not wanted
+# is an empty tensor (custom ops return no None).
 @torch.library.custom_op("pytorch_block_sparse_ng::linear_grads", mutates_args=())
 def _linear_grads(dy: Tensor, x: Tensor, data: Tensor, row_offsets: Tensor, col_indices: Tensor,
                   row_indices: Tensor, col_offsets_t: Tensor, row_indices_t: Tensor, perm_t: Tensor,
-                  row_order: Tensor, col_order: Tensor, with_bias: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                  row_order: Tensor, col_order: Tensor, want_x: bool, want_data: bool,
+                  want_bias: bool) -> Tuple[Tensor, Tensor, Tensor]:
     index = [row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t, row_order, col_order]
-    grad_x, grad_data, grad_bias = _C.linear_backward(dy, x, data, index, True, True, with_bias)
-    return grad_x, grad_data, grad_bias if with_bias else dy.new_empty((0,))
+    grads = _C.linear_backward(dy, x, data, index, want_x, want_data, want_bias)
+    return tuple(g if g is not None else dy.new_empty((0,)) for g in grads)
 
 
 @_linear_grads.register_fake
 def _linear_grads_fake(dy, x, data, row_offsets, col_indices, row_indices, col_offsets_t, row_indices_t, perm_t,
-                       row_order, col_order, with_bias):
-    return x.new_empty(x.shape), data.new_empty(data.shape), dy.new_empty((dy.shape[1] if with_bias else 0,))
+                       row_order, col_order, want_x, want_data, want_bias):
+    return (x.new_empty(x.shape if want_x else (0,)), data.new_empty(data.shape if want_data else (0,)),
+            dy.new_empty((dy.shape[1] if want_bias else 0,)))
 
 
 # ------------------------------------------------------------------------------------------------ API for backend.py
@@ -259,14 +262,14 @@ def sdd_with_bias_grad(dy: Tensor, x: Tensor, *args) -> Tuple[Tensor, Tensor]:
     return _sdd_with_bias_grad(dy, x, *index, [int(b) for b in block_shape])
 
 
-def linear_grads(dy: Tensor, x: Tensor, data: Tensor, *index: Tensor,
-                 with_bias: bool) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-    """(dx = dy W, dW_b = dyᵀ x on the kept blocks, dy.sum(0) when with_bias else None), the dds on a second
-    stream beside the sdd (set_backward_overlap)."""
+def linear_grads(dy: Tensor, x: Tensor, data: Tensor, *index: Tensor, want_x: bool, want_data: bool,
+                 want_bias: bool) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+    """(dx = dy W, dW_b = dyᵀ x on the kept blocks, dy.sum(0)), each None unless wanted; the dds on a second
+    stream beside the sdd when both are wanted (set_backward_overlap)."""
     if _eager(dy):
-        return _C.linear_backward(dy, x, data, list(index), True, True, with_bias)
-    grad_x, grad_data, grad_bias = _linear_grads(dy, x, data, *index, with_bias)
-    return grad_x, grad_data, grad_bias if with_bias else None
+        return _C.linear_backward(dy, x, data, list(index), want_x, want_data, want_bias)
+    grads = _linear_grads(dy, x, data, *index, want_x, want_data, want_bias)
+    return tuple(g if want else None for g, want in zip(grads, (want_x, want_data, want_bias)))
 
 
 def linear(x: Tensor, data: Tensor, bias: Optional[Tensor], *index: Tensor) -> Optional[Tensor]:

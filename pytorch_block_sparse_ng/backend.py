@@ -98,15 +98,16 @@ def sdd_with_bias_grad(dy: torch.Tensor, x: torch.Tensor, data: torch.Tensor,
     return reference.sdd(dy, x, *index, tuple(data.shape[1:])), dy.sum(0)
 
 
-def linear_grads(dy: torch.Tensor, x: torch.Tensor, data: torch.Tensor, *index: torch.Tensor,
-                 with_bias: bool) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """(dx, dW_b, dy.sum(0) when with_bias else None): both products of the layer's backward, on two streams
-    where the kernels compute them."""
+def linear_grads(dy: torch.Tensor, x: torch.Tensor, data: torch.Tensor, *index: torch.Tensor, want_x: bool,
+                 want_data: bool, want_bias: bool) -> Tuple[Optional[torch.Tensor], ...]:
+    """(dx, dW_b, dy.sum(0)), each None unless wanted: the layer's backward. The kernels run the two products on
+    two streams and fuse the bias sum into the sdd where they can."""
     ops = _kernels_for(x, data)
     if ops is not None:
-        return ops.linear_grads(dy, x, data, *index, with_bias=with_bias)
-    return (reference.dds(dy, data, *index), reference.sdd(dy, x, *index, tuple(data.shape[1:])),
-            dy.sum(0) if with_bias else None)
+        return ops.linear_grads(dy, x, data, *index, want_x=want_x, want_data=want_data, want_bias=want_bias)
+    return (reference.dds(dy, data, *index) if want_x else None,
+            reference.sdd(dy, x, *index, tuple(data.shape[1:])) if want_data else None,
+            dy.sum(0) if want_bias else None)
 
 
 def linear_with_grad(x: torch.Tensor, data: torch.Tensor, bias: Optional[torch.Tensor],

@@ -1,9 +1,8 @@
 """The block-sparse linear product with autograd: y = x Wᵀ + bias for a ``BlockSparseMatrix`` W.
 
-One ``torch.autograd.Function`` for the whole layer: forward is ``dsd``, backward is ``dds`` (grad input)
-and ``sdd`` (grad of the kept blocks only) with the bias sum (fused into the sdd kernel where it can); when both
-x and the blocks want a gradient, one op computes all (``linear_grads``: the kernels run the two products on two
-streams). Every
+One ``torch.autograd.Function`` for the whole layer: forward is ``dsd``, backward is ``linear_grads``: ``dds``
+(grad input) and ``sdd`` (grad of the kept blocks only) with the bias sum (fused into the sdd kernel where it
+can), the two products on two streams where the kernels compute them. Every
 index tensor is an argument and only tensors are saved, so the Function holds no module and is safe for
 ``torch.compile`` and DDP.
 
@@ -37,17 +36,10 @@ class BlockSparseLinearFunction(torch.autograd.Function):
     def backward(ctx, grad_output):
         x, data, *index = ctx.saved_tensors
         grad_output = grad_output.contiguous()
-        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:  # one op: the two products on two streams
-            grads = backend.linear_grads(grad_output, x, data, *index, with_bias=ctx.needs_input_grad[2])
-            return grads + (None,) * len(index)
-        grad_x = backend.dds(grad_output, data, *index) if ctx.needs_input_grad[0] else None
-        grad_data = grad_bias = None
-        if ctx.needs_input_grad[1] and ctx.needs_input_grad[2]:  # one pass over grad_output for both
-            grad_data, grad_bias = backend.sdd_with_bias_grad(grad_output, x, data, *index)
-        elif ctx.needs_input_grad[1]:
-            grad_data = backend.sdd(grad_output, x, data, *index)
-        elif ctx.needs_input_grad[2]:
-            grad_bias = grad_output.sum(0)
+        grad_x, grad_data, grad_bias = backend.linear_grads(grad_output, x, data, *index,
+                                                            want_x=ctx.needs_input_grad[0],
+                                                            want_data=ctx.needs_input_grad[1],
+                                                            want_bias=ctx.needs_input_grad[2])
         return (grad_x, grad_data, grad_bias) + (None,) * len(index)
 
 

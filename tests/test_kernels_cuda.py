@@ -628,8 +628,9 @@ def test_opcheck(dtype):
     torch.library.opcheck(_ops._dds, (dy, data, *index))
     torch.library.opcheck(_ops._sdd, (dy, x, *index, [64, 64]))
     torch.library.opcheck(_ops._sdd_with_bias_grad, (dy, x, *index, [64, 64]))
-    for with_bias in (True, False):
-        torch.library.opcheck(_ops._linear_grads, (dy, x, data, *index, with_bias))
+    for wants in ((True, True, True), (True, True, False), (False, True, True), (True, False, False),
+                  (False, False, True)):
+        torch.library.opcheck(_ops._linear_grads, (dy, x, data, *index, *wants))
     previous = _ops.set_hopper_min_rows(1)  # the Hopper sdd where the GPU has it: the bias sum is fused
     try:
         torch.library.opcheck(_ops._sdd_with_bias_grad, (dy, x, *index, [64, 64]))
