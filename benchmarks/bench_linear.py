@@ -1,9 +1,11 @@
 """Dense F.linear (cuBLAS) against BlockSparseLinear and its peers, side by side on one GPU.
 
 Times y = x Wᵀ + b (forward) and a training step (forward + grad input + grad weight + grad bias) with CUDA
-events: median of --reps timings after warm-up. Where STK runs (block 128), its eager forward and step and ours
-are timed alternately in --eager-rounds rounds and each cell is the median over rounds: at low density those
-steps are bound by the host, whose speed drifts within a process (benchmarks/profile/eager_noise.py). The training step is timed twice: in eager mode ("train", what
+events: median of --reps timings after warm-up. Where STK runs (block 128), its eager forward and step and ours,
+and its step and ours replayed from CUDA graphs, are timed alternately in --eager-rounds rounds and each cell
+is the median over rounds: at low density the eager steps are bound by the host, whose speed drifts
+within a process (benchmarks/profile/eager_noise.py), and the GPU's clock drifts with its power cap
+(benchmarks/profile/graph_step_timeline.py). The training step is timed twice: in eager mode ("train", what
 a plain training loop sees, host time included) and replayed from a CUDA graph of --graph-steps steps
 ("train_graph", the GPU time: at low density the eager step is bound by Python and launch time); the forward
 likewise ("forward" eager, "forward_graph" replayed from a CUDA graph of --graph-calls calls). Decode shapes
@@ -134,8 +136,8 @@ def stk_functions(stk, dense_masked, x, dy):
                 rel_err=rel_err(stk.ops.dds(x, swt), F.linear(x, dense_masked)))
 
 
-def time_graph_ms(fn, calls, reps):
-    """Per-call time of fn() replayed `calls` times inside one CUDA graph."""
+def capture_graph(fn, calls):
+    """fn() `calls` times in one CUDA graph, captured after 3 warm-up calls on the capture stream."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -148,7 +150,27 @@ def time_graph_ms(fn, calls, reps):
     with torch.cuda.graph(graph, stream=stream):
         for _ in range(calls):
             fn()
-    return time_ms(graph.replay, 3, reps) / calls
+    return graph
+
+
+def time_graph_ms(fn, calls, reps):
+    """Per-call time of fn() replayed `calls` times inside one CUDA graph."""
+    return time_ms(capture_graph(fn, calls).replay, 3, reps) / calls
+
+
+def graph_rounds_ms(fns, calls, args):
+    """eager_rounds_ms for CUDA graphs: each fn captured once in a graph of `calls` calls, the graphs' replays
+    timed once per round in a rotating order, the median over rounds (per call). The GPU's clock drifts with
+    its power cap (on the H100 1.26-1.98 GHz within a second of sustained load, benchmarks/results/
+    graph_step_timeline_*.txt), so graph cells compared across methods are timed alternately too."""
+    graphs = {name: capture_graph(fn, calls) for name, fn in fns.items()}
+    times = {name: [] for name in fns}
+    items = list(graphs.items())
+    for r in range(args.eager_rounds):
+        shift = r % len(items)
+        for name, graph in items[shift:] + items[:shift]:
+            times[name].append(time_ms(graph.replay, 3, args.reps) / calls)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def rel_err(out, ref):
@@ -275,9 +297,23 @@ def run(args):
                                ms=fwd_graph, speedup=dense_fwd_graph / fwd_graph)
                         record(**common, method="ours", block=block, density=density, phase="train", ms=train,
                                speedup=dense_train / train, rounds=args.eager_rounds if peer else 1)
-                        train_graph = time_graph_ms(step, args.graph_steps, args.reps)
+                        graph_steps = None
+                        if peer is not None:  # ours and STK alternately, as the eager cells
+                            try:
+                                graph_steps = graph_rounds_ms({"ours": step, "stk": peer["step"]},
+                                                              args.graph_steps, args)
+                            except Exception as error:  # noqa: BLE001 - a peer that cannot be captured: an error cell
+                                record(**common, method="stk", block=128, density=density, phase="train_graph",
+                                       error=f"{type(error).__name__}: {str(error)[:120]}")
+                        train_graph = (graph_steps["ours"] if graph_steps is not None
+                                       else time_graph_ms(step, args.graph_steps, args.reps))
                         record(**common, method="ours", block=block, density=density, phase="train_graph",
-                               ms=train_graph, speedup=dense_graph / train_graph)
+                               ms=train_graph, speedup=dense_graph / train_graph,
+                               rounds=args.eager_rounds if graph_steps is not None else 1)
+                        if graph_steps is not None:
+                            record(**common, method="stk", block=128, density=density, phase="train_graph",
+                                   ms=graph_steps["stk"], speedup=dense_graph / graph_steps["stk"],
+                                   rounds=args.eager_rounds)
                     del layer, step, params
                     if args.no_peers or decode:
                         continue
@@ -289,14 +325,6 @@ def run(args):
                                    speedup=dense_fwd / t, rel_err=rel_err(mm(x).t(), F.linear(x, dense_masked)))
                         except Exception as error:  # noqa: BLE001
                             record(**common, method="torch_bsr", block=block, density=density, phase="forward",
-                                   error=f"{type(error).__name__}: {str(error)[:120]}")
-                    if peer is not None:
-                        try:  # a peer that cannot be captured in a CUDA graph gets an error cell, not a crash
-                            t = time_graph_ms(peer["step"], args.graph_steps, args.reps)
-                            record(**common, method="stk", block=128, density=density, phase="train_graph", ms=t,
-                                   speedup=dense_graph / t)
-                        except Exception as error:  # noqa: BLE001
-                            record(**common, method="stk", block=128, density=density, phase="train_graph",
                                    error=f"{type(error).__name__}: {str(error)[:120]}")
             peer = None  # its closures hold x and dy
             del x, dy, w, b, xg
@@ -310,8 +338,9 @@ def markdown(gpu, records, args):
              f"decode shapes per call inside a CUDA graph of {args.graph_calls} calls; forward_graph: the forward "
              f"replayed from a CUDA graph of {args.graph_calls} calls; train_graph: the training "
              f"step replayed from a CUDA graph of {args.graph_steps} steps (GPU time, no host overhead); block 128 "
-             f"forward and train cells of ours and STK: median of {args.eager_rounds} rounds that time the two "
-             "alternately (eager steps at low density are host-bound, and the host's speed drifts). Cells: "
+             f"forward, train and train_graph cells of ours and STK: median of {args.eager_rounds} rounds that time "
+             "the two alternately (eager steps at low density are host-bound and the host's speed drifts; the GPU's "
+             "clock drifts with its power cap). Cells: "
              "speedup over dense F.linear in the same dtype (time in ms).", ""]
     keys = sorted({(r["dtype"], r["m"], r["k"], r["n"]) for r in records}, key=lambda t: (t[0], -t[1] * t[2] * t[3]))
     for dtype, m, k, n in keys:
