@@ -23,23 +23,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from pytorch_block_sparse_ng import BlockSparseLinear  # noqa: E402
 
-from bench_linear import ab_setup, stk_functions, time_graph_ms, time_ms, try_import_stk  # noqa: E402
+from bench_linear import ab_setup, capture_graph, stk_functions, time_graph_ms, time_ms, try_import_stk  # noqa: E402
 
 T0 = time.time()  # the phases' wall-clock offsets, to line them up with a clock / power log (nvidia-smi -lms)
-
-
-def capture(fn, steps):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(steps):
-            fn()
-    return graph
 
 
 def short(name):
@@ -51,7 +37,7 @@ def short(name):
 
 def timeline(label, fn):
     """One replay of a one-step graph under the profiler (after 5 unprofiled replays)."""
-    graph = capture(fn, 1)
+    graph = capture_graph(fn, 1)
     for _ in range(5):
         graph.replay()
     torch.cuda.synchronize()
