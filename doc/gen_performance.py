@@ -31,8 +31,11 @@ slower in a graph than in eager mode on the H100, which flatters these ratios: c
 kernels.md); decode shapes (M = 1, 16 tokens) are timed inside a CUDA graph, with the same weight at every call
 (it stays in L2 when it fits; `benchmarks/bench_decode.py` also times decode with the weight read from DRAM, as
 in a model's decode step: `benchmarks/results/bench_decode_*.txt`). Each configuration is checked
-against `F.linear` on its dense weight before it is timed. How the kernels work and why the numbers are what
-they are: [kernels.md](kernels.md).
+against `F.linear` on its dense weight before it is timed. Under sustained load the H100 runs at its power cap
+and its clock drifts (1.26-1.98 GHz within a second), so a cell timed once can move by several percent:
+`benchmarks/bar_cells.py` times the project's target cells with dense and STK in the same rounds
+(`benchmarks/results/bar_cells_*.txt`). How the kernels work and why the numbers are what they are:
+[kernels.md](kernels.md).
 """
 
 NO_RESULTS = """## Results

@@ -1,0 +1,93 @@
+"""The issue's bar cells, every compared method timed in the same rounds (bf16, --shape, default 8192 x 4096 ->
+4096): BlockSparseLinear with blocks of 64 and 128 against dense F.linear (cuBLAS), and with blocks of 128
+against STK (stanford-stk, when importable), as the forward and as the training step (forward + grad input +
+grad weight + grad bias), each eagerly (median of 30 CUDA-event timings) and replayed from a CUDA graph (20
+forward calls or 4 steps). In every round each method of a group is timed once, in an order rotating by round;
+each cell is the median over rounds of the per-round ratio, with its range. bench_linear.py times dense once per
+shape, at whatever clock the GPU has then: on the H100 the clock drifts with the power cap (1.26-1.98 GHz
+within a second of sustained load, benchmarks/profile/graph_step_timeline.py), and dense alone took 0.345-0.405
+ms within one process, so a bar at the edge needs its ratio measured in the same rounds.
+
+    python benchmarks/bar_cells.py [--rounds 7] [--shape 8192x4096x4096] [--blocks 64,128]
+        [--densities 0.1,0.25,0.5,1.0]
+"""
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from pytorch_block_sparse_ng import BlockSparseLinear  # noqa: E402
+
+from bench_linear import ab_setup, capture_graph, stk_functions, time_ms, try_import_stk  # noqa: E402
+
+
+def rounds_ms(timers, rounds):
+    """{name: [ms per round]}: every timer called once per round, in an order rotating by round."""
+    times = {name: [] for name in timers}
+    items = list(timers.items())
+    for r in range(rounds):
+        shift = r % len(items)
+        for name, timer in items[shift:] + items[:shift]:
+            times[name].append(timer())
+    return times
+
+
+def report(group, times, pairs):
+    """Each method's median time, then for each (numerator, denominator) pair the median and range of the
+    per-round ratio numerator / denominator (a speedup of the denominator)."""
+    print(f"{group}:")
+    print("  " + "  ".join(f"{name} {statistics.median(t):.4f}" for name, t in times.items()) + "  (ms)")
+    for num, den in pairs:
+        ratios = [a / b for a, b in zip(times[num], times[den])]
+        print(f"  {num} / {den}: {statistics.median(ratios):.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f})",
+              flush=True)
+
+
+def main():
+    args, x, dy = ab_setup(__doc__, rounds=7)
+    xg = x.clone().requires_grad_(True)
+    w = (torch.randn(args.n, args.k, device="cuda", dtype=torch.bfloat16) / args.k ** 0.5).requires_grad_(True)
+    b = torch.zeros(args.n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    stk = try_import_stk()
+
+    def dense_step():
+        torch.autograd.grad(F.linear(xg, w, b), (xg, w, b), dy)
+
+    forwards = {"dense": lambda: F.linear(x, w, b)}
+    steps = {"dense": dense_step}
+    pairs = []
+    for block in args.blocks:
+        for density in args.densities:
+            layer = BlockSparseLinear(args.k, args.n, density=density, block_shape=(block, block), device="cuda",
+                                      dtype=torch.bfloat16, generator=torch.Generator().manual_seed(1))
+            name = f"b{block} d={density}"
+            forwards[name] = lambda layer=layer: layer(x)
+            steps[name] = lambda layer=layer: torch.autograd.grad(layer(xg), (xg, layer.weight.data, layer.bias), dy)
+            pairs.append(("dense", name))
+            if stk is not None and block == 128:
+                peer = stk_functions(stk, layer.weight.to_dense().detach(), x, dy)
+                forwards[f"stk d={density}"] = peer["forward"]
+                steps[f"stk d={density}"] = peer["step"]
+                pairs.append((f"stk d={density}", name))
+    no_stk = {name: fn for name, fn in forwards.items() if not name.startswith("stk")}
+
+    def graph_timers(fns, calls):
+        graphs = {name: capture_graph(fn, calls) for name, fn in fns.items()}
+        return {name: (lambda g=g: time_ms(g.replay, 3, 30) / calls) for name, g in graphs.items()}
+
+    with torch.no_grad():
+        report("forward, eager", rounds_ms({n: (lambda f=f: time_ms(f)) for n, f in forwards.items()}, args.rounds),
+               pairs)
+        report("forward, graph of 20 calls", rounds_ms(graph_timers(no_stk, 20), args.rounds),
+               [p for p in pairs if not p[0].startswith("stk")])
+    report("training step, eager", rounds_ms({n: (lambda f=f: time_ms(f)) for n, f in steps.items()}, args.rounds),
+           pairs)
+    report("training step, graph of 4 steps", rounds_ms(graph_timers(steps, 4), args.rounds), pairs)
+
+
+if __name__ == "__main__":
+    main()
