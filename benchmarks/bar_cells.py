@@ -22,18 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from pytorch_block_sparse_ng import BlockSparseLinear  # noqa: E402
 
-from bench_linear import ab_setup, capture_graph, stk_functions, time_ms, try_import_stk  # noqa: E402
-
-
-def rounds_ms(timers, rounds):
-    """{name: [ms per round]}: every timer called once per round, in an order rotating by round."""
-    times = {name: [] for name in timers}
-    items = list(timers.items())
-    for r in range(rounds):
-        shift = r % len(items)
-        for name, timer in items[shift:] + items[:shift]:
-            times[name].append(timer())
-    return times
+from bench_linear import ab_setup, graph_timers, rounds_ms, stk_functions, time_ms, try_import_stk  # noqa: E402
 
 
 def report(group, times, pairs):
@@ -75,18 +64,14 @@ def main():
                 pairs.append((f"stk d={density}", name))
     no_stk = {name: fn for name, fn in forwards.items() if not name.startswith("stk")}
 
-    def graph_timers(fns, calls):
-        graphs = {name: capture_graph(fn, calls) for name, fn in fns.items()}
-        return {name: (lambda g=g: time_ms(g.replay, 3, 30) / calls) for name, g in graphs.items()}
-
     with torch.no_grad():
         report("forward, eager", rounds_ms({n: (lambda f=f: time_ms(f)) for n, f in forwards.items()}, args.rounds),
                pairs)
-        report("forward, graph of 20 calls", rounds_ms(graph_timers(no_stk, 20), args.rounds),
+        report("forward, graph of 20 calls", rounds_ms(graph_timers(no_stk, 20, 30), args.rounds),
                [p for p in pairs if not p[0].startswith("stk")])
     report("training step, eager", rounds_ms({n: (lambda f=f: time_ms(f)) for n, f in steps.items()}, args.rounds),
            pairs)
-    report("training step, graph of 4 steps", rounds_ms(graph_timers(steps, 4), args.rounds), pairs)
+    report("training step, graph of 4 steps", rounds_ms(graph_timers(steps, 4, 30), args.rounds), pairs)
 
 
 if __name__ == "__main__":

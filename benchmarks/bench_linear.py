@@ -105,19 +105,26 @@ def ratio_report(label, times):
     return f"{label}: " + "  ".join(cells) + f"  spread {max(base) / min(base):.3f}"
 
 
+def rounds_ms(timers, rounds):
+    """{name: [ms, one per round]}: every timer() called once per round, in an order rotating by round, so that
+    drift (the host's speed, the GPU's clock) hits every method alike."""
+    times = {name: [] for name in timers}
+    items = list(timers.items())
+    for r in range(rounds):
+        shift = r % len(items)
+        for name, timer in items[shift:] + items[:shift]:
+            times[name].append(timer())
+    return times
+
+
 def eager_rounds_ms(fns, args):
     """{name: ms} for eager (host-bound at low density) timings compared across methods: every fn timed once per
     round (time_ms), in an order rotating by round, for --eager-rounds rounds; the median over rounds. On the
     H100 machine's host the same eager step measured 0.24-0.38 ms (ours) and 0.35-0.63 ms (STK) in successive
     single time_ms calls of one process (benchmarks/results/eager_noise_*.txt), so one-shot cells taken minutes
     apart compare the host's moods, not the methods."""
-    times = {name: [] for name in fns}
-    items = list(fns.items())
-    for r in range(args.eager_rounds):
-        shift = r % len(items)
-        for name, fn in items[shift:] + items[:shift]:
-            times[name].append(time_ms(fn, args.warmup, args.reps))
-    return {name: statistics.median(t) for name, t in times.items()}
+    timers = {name: (lambda fn=fn: time_ms(fn, args.warmup, args.reps)) for name, fn in fns.items()}
+    return {name: statistics.median(t) for name, t in rounds_ms(timers, args.eager_rounds).items()}
 
 
 def stk_functions(stk, dense_masked, x, dy):
@@ -158,18 +165,18 @@ def time_graph_ms(fn, calls, reps):
     return time_ms(capture_graph(fn, calls).replay, 3, reps) / calls
 
 
-def graph_rounds_ms(fns, calls, args):
-    """eager_rounds_ms for CUDA graphs: each fn captured once in a graph of `calls` calls, the graphs' replays
-    timed once per round in a rotating order, the median over rounds (per call). The GPU's clock drifts with
-    its power cap (on the H100 1.26-1.98 GHz within a second of sustained load, benchmarks/results/
-    graph_step_timeline_*.txt), so graph cells compared across methods are timed alternately too."""
+def graph_timers(fns, calls, reps):
+    """{name: timer}: each fn captured once in a CUDA graph of `calls` calls; the timer returns the per-call time
+    of its graph's replay (median of `reps`)."""
     graphs = {name: capture_graph(fn, calls) for name, fn in fns.items()}
-    times = {name: [] for name in fns}
-    items = list(graphs.items())
-    for r in range(args.eager_rounds):
-        shift = r % len(items)
-        for name, graph in items[shift:] + items[:shift]:
-            times[name].append(time_ms(graph.replay, 3, args.reps) / calls)
+    return {name: (lambda graph=graph: time_ms(graph.replay, 3, reps) / calls) for name, graph in graphs.items()}
+
+
+def graph_rounds_ms(fns, calls, args):
+    """eager_rounds_ms for CUDA graphs of `calls` calls each (per call). The GPU's clock drifts with its power cap
+    (on the H100 1.26-1.98 GHz within a second of sustained load, benchmarks/results/graph_step_timeline_*.txt),
+    so graph cells compared across methods are timed alternately too."""
+    times = rounds_ms(graph_timers(fns, calls, args.reps), args.eager_rounds)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
