@@ -298,6 +298,36 @@ int64_t set_hopper_min_rows(int64_t rows) {
   return exchange_knob(g_hopper_min_rows, rows, 1, "set_hopper_min_rows", "rows");
 }
 
+// The Hopper dsd for few rows of M (kernel_sm90_ws.cuh, Config's Tokens_ / Split_): 128-token tiles whose
+// reduction is split over 1 or 2 CTAs of a thread-block cluster, which add their fp32 sums through distributed
+// shared memory (no workspace, no extra kernels). -1 (default): few_rows_split_for below decides; 0: never (the
+// SM80 kernels with split-K, or the 256-token kernel from set_hopper_min_rows); 1 or 2: that split wherever the
+// Hopper kernels run (tests, benchmarks).
+int64_t g_few_rows_split = -1;
+int64_t set_hopper_few_rows_split(int64_t split) {
+  PBSNG_CHECK_VALUE(split >= -1 && split <= 2, "set_hopper_few_rows_split: split=", split,
+                    " must be -1 (auto), 0 (off), 1 or 2");
+  const int64_t previous = g_few_rows_split;
+  g_few_rows_split = split;
+  return previous;
+}
+
+// The split for a dsd of M rows with `tiles` 128-token tiles of `steps` k-steps of 64 each (on average), or 0 for
+// the other kernels. Measured on an H100 (bf16, 4096 x 4096, hot weight, M = 65-1024, densities 0.1-1.0;
+// benchmarks/results/dsd_mid_rows_*.txt): with blocks of 128 the 128-token tiles took 0.4-0.9x the time of the
+// path before (SM80 below 256 rows, the 256-token kernel above) from 65 to 512 rows, and a split of 2 helped where
+// the tiles fill at most half the SMs and are long (density >= 0.5: 0.75-0.85x at M = 128 / 256); at 768 rows and
+// density 1.0 the 256-token kernel is faster. With blocks of 64 (two lines per tile, whose union of blocks makes
+// the tiles long) they were slower than the SM80 kernels below 256 rows and won only in a few cells above: not
+// taken by default.
+constexpr int64_t kFewRowsMaxRows = 768;
+int few_rows_split_for(int device, int block, int64_t m, int64_t nnz, int64_t tiles, int64_t steps, int64_t sms) {
+  if (nnz <= 0 || g_few_rows_split == 0 || !hopper_device(device, block)) return 0;
+  if (g_few_rows_split > 0) return int(g_few_rows_split);
+  if (block != 128 || m >= kFewRowsMaxRows) return 0;
+  return 2 * tiles <= sms && steps >= 24 ? 2 : 1;
+}
+
 // dsd with at most this many rows of M takes the decode kernel (kernel_decode.cuh: W streamed by N / 16 or
 // N / 32 CTAs, no split workspace); 0 turns it off (tests and benchmarks compare both paths).
 int64_t g_decode_max_rows = kDecodeMaxRows;
@@ -345,6 +375,20 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
     return y;
   }
   const int64_t sms = multiprocessor_count(x.device().index());
+  const int64_t groups = block == 64 ? (pat.n_block_rows + 1) / 2 : pat.n_block_rows;  // lines per tile: 2 / 1
+  const int64_t line_steps = pat.n_block_rows > 0 ? pat.nnz * (block / 64) / pat.n_block_rows : 0;
+  const int few_rows_split = few_rows_split_for(x.device().index(), block, m, pat.nnz, groups * ((m + 127) / 128),
+                                                line_steps, sms);
+  if (few_rows_split > 0) {
+    at::Tensor y = at::empty({m, n}, x.options());
+    DsdParams p{x.data_ptr(), data.data_ptr(), b ? b->data_ptr() : nullptr, y.data_ptr(), nullptr,
+                row_offsets.data_ptr<int32_t>(), col_indices.data_ptr<int32_t>(), row_order.data_ptr<int32_t>(),
+                nullptr, m, pat.nnz, int(pat.n_block_rows), int(pat.n_block_cols), block, 1, int(sms), 4, 128,
+                few_rows_split};
+    check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_sm90<DType::kFloat16>(p, stream)
+                                                : launch_dsd_sm90<DType::kBFloat16>(p, stream), kDsd);
+    return y;
+  }
   // Few rows of M: R x ceil(M / 128) CTAs cannot fill the GPU. From 128 to 255 rows the SM80 kernel then takes
   // 64-row tiles (twice the CTAs); H100, 4096 x 4096, blocks 64 / 128, densities 0.1-1.0: 0.63-1.0x the time of
   // 128-row tiles at M = 128-224 in all 32 cells, but up to 1.15x at M = 72-96, where the second tile is mostly
@@ -589,6 +633,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "split the Hopper sdd's last partial wave of CTAs over M (blocks of 128; True, default); returns the previous "
         "setting",
         pybind11::arg("enabled"));
+  m.def("set_hopper_few_rows_split", &pbsng::set_hopper_few_rows_split,
+        "dsd with few rows of M on Hopper: -1 (default) picks 128-token tiles split over 1 or 2 CTAs of a cluster "
+        "for blocks of 128 below 768 rows, 0 never, 1 / 2 that split wherever the Hopper kernels run; returns the "
+        "previous value",
+        pybind11::arg("split"));
   m.def("set_hopper_min_rows", &pbsng::set_hopper_min_rows,
         "the fewest rows M for which dsd / dds take the Hopper kernels; returns the previous value",
         pybind11::arg("rows"));

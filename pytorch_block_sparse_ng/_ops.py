@@ -48,7 +48,7 @@ except ImportError as error:
 __all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "sdd_with_bias_grad", "describe_build", "set_hopper_kernels",
            "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row", "set_hopper_tile_schedule",
            "set_hopper_pipeline_stages", "set_hopper_sdd_tail_split", "set_decode_max_rows",
-           "set_backward_overlap"]
+           "set_hopper_few_rows_split", "set_backward_overlap"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
 # default) unless this is "0".
@@ -89,6 +89,15 @@ def set_hopper_sdd_tail_split(enabled: bool) -> bool:
 def set_hopper_min_rows(rows: int) -> int:
     """The fewest rows M for which dsd / dds take the Hopper kernels (default 256); returns the previous value."""
     return int(_C.set_hopper_min_rows(int(rows)))
+
+
+def set_hopper_few_rows_split(split: int) -> int:
+    """The Hopper dsd for few rows of M: tiles of 128 tokens whose reduction over the input features may be split
+    over the 2 CTAs of a thread-block cluster (they add their fp32 sums through distributed shared memory), so that
+    few tiles still fill the GPU. -1 (default): blocks of 128 below 768 rows (M <= 64 takes the decode kernel
+    first), split where the tiles fill at most half the SMs and are long; 0: never; 1 or 2: that split wherever
+    the Hopper kernels run. Returns the previous value."""
+    return int(_C.set_hopper_few_rows_split(int(split)))
 
 
 def set_hopper_sdd_min_blocks_per_row(blocks: int) -> int:

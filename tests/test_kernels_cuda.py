@@ -169,10 +169,12 @@ def test_decode_kernel_and_the_tiled_path_agree(m, block):
     ref = reference.dsd(x.float(), data.float(), bias.float(), *index)
     torch_out = F.linear(x, w.to_dense(data.float()).detach().to(case.dtype), bias)
     previous = _ops.set_decode_max_rows(0)
+    previous_few_rows = _ops.set_hopper_few_rows_split(0)  # the SM80 kernels, not the Hopper few-rows dsd
     try:
         assert_like_torch("tiled dsd", OPS.dsd(x, data, bias, *index), ref, torch_out)
     finally:
         _ops.set_decode_max_rows(previous)
+        _ops.set_hopper_few_rows_split(previous_few_rows)
     layer = BlockSparseLinear(512, 1024, density=0.3, block_shape=(block, block), device="cuda",
                               dtype=torch.bfloat16, generator=torch.Generator().manual_seed(5))
     x3 = torch.randn(512, m, 2, device="cuda", dtype=torch.bfloat16).permute(2, 1, 0)  # (2, m, 512), strided
@@ -192,7 +194,73 @@ ROW_TILE_GRID = [Case(m, 1024, 768, d, b, t) for m in (128, 129, 200, 255) for d
 @requires_kernels
 @pytest.mark.parametrize("case", ROW_TILE_GRID, ids=case_id)
 def test_sm80_dsd_64_row_tiles(case):
-    _check_dsd("dsd, 64-row tiles", case, 5)
+    from pytorch_block_sparse_ng import _ops
+
+    previous = _ops.set_hopper_few_rows_split(0)  # on Hopper GPUs these M take the few-rows dsd by default
+    try:
+        _check_dsd("dsd, 64-row tiles", case, 5)
+    finally:
+        _ops.set_hopper_few_rows_split(previous)
+
+
+# The Hopper few-rows dsd (128-token tiles, the reduction split over 1 or 2 CTAs of a cluster): M from 1 (decode
+# off) to 511, partial token tiles, K of 3 block columns (uneven key ranges; at density 0.1 CTAs whose range holds
+# no block of their lines), odd line counts (448 = 7 lines of 64), rows without blocks.
+def _few_rows_cases():
+    cases, i = [], 0
+    for m in (1, 65, 128, 300, 511):
+        for block in (64, 128):
+            for (in_features, out_features) in ((1024, 768), (4096, 1024), (3 * block, 7 * 64 if block == 64 else 5 * 128)):
+                for density in (0.1, 0.5, 1.0):
+                    cases.append(Case(m, in_features, out_features, density, block, DTYPES[i % 2]))
+                    i += 1
+    return cases
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the Hopper kernels run on sm_90 GPUs only")
+@pytest.mark.parametrize("case", _few_rows_cases(), ids=case_id)
+def test_hopper_few_rows_dsd(case):
+    from pytorch_block_sparse_ng import _C, _ops
+
+    if not _C.uses_hopper_kernels(torch.cuda.current_device(), case.block):
+        pytest.skip("this build has no sm_90a kernels")
+    w, index, x, _, bias, data = _product_case(case, 6)
+    dense_t = w.to_dense(data.float()).detach().to(case.dtype)
+    ref = reference.dsd(x.float(), data.float(), bias.float(), *index)
+    torch_out = F.linear(x, dense_t, bias)
+    previous_decode = _ops.set_decode_max_rows(0)
+    try:
+        for split in (1, 2):
+            previous = _ops.set_hopper_few_rows_split(split)
+            try:
+                y = OPS.dsd(x, data, bias, *index)
+                assert_like_torch(f"few-rows dsd, split {split}", y, ref, torch_out)
+                assert torch.equal(OPS.dsd(x, data, bias, *index), y), "the split's sums are added in a fixed order"
+                assert_like_torch(f"few-rows dsd, split {split}, no bias", OPS.dsd(x, data, None, *index),
+                                  reference.dsd(x.float(), data.float(), None, *index), F.linear(x, dense_t))
+            finally:
+                _ops.set_hopper_few_rows_split(previous)
+    finally:
+        _ops.set_decode_max_rows(previous_decode)
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.parametrize("m", (65, 200, 384))
+def test_few_rows_default_path_in_the_layer(m):
+    """BlockSparseLinear at a few hundred tokens (the default path: the few-rows dsd on Hopper GPUs for blocks of
+    128), with a 3-D, non-contiguous input."""
+    layer = BlockSparseLinear(4096, 1024, density=0.4, block_shape=(128, 128), device="cuda", dtype=torch.bfloat16,
+                              generator=torch.Generator().manual_seed(8))
+    x3 = torch.randn(4096, m, 2, device="cuda", dtype=torch.bfloat16).permute(2, 1, 0)  # (2, m, 4096), strided
+    with torch.no_grad():
+        y = layer(x3)
+        dense = layer.weight.to_dense().detach()
+        ref = F.linear(x3.float(), dense.float(), layer.bias.float())
+        assert_like_torch("BlockSparseLinear, few rows", y, ref, F.linear(x3, dense, layer.bias))
 
 
 HOPPER_GRID = [c for c in GRID if c.block in (64, 128)]
@@ -221,11 +289,13 @@ def test_hopper_path_at_every_m(case):
     tensors = _product_case(case, 2)
     previous = _ops.set_hopper_min_rows(1)
     previous_sdd = _ops.set_hopper_sdd_min_blocks_per_row(0)  # sparse rows too (partial chunks)
+    previous_few_rows = _ops.set_hopper_few_rows_split(0)  # the 256-token dsd at every M too
     try:
         _check_products("Hopper path", case, *tensors)
     finally:
         _ops.set_hopper_min_rows(previous)
         _ops.set_hopper_sdd_min_blocks_per_row(previous_sdd)
+        _ops.set_hopper_few_rows_split(previous_few_rows)
 
 
 def _sdd_working_ctas(row_counts, chunk, with_bias):
@@ -889,3 +959,7 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
         _ops.set_decode_max_rows(65)
     assert _ops.set_backward_overlap(False) is True
     assert _ops.set_backward_overlap(True) is False
+    assert _ops.set_hopper_few_rows_split(2) == -1
+    assert _ops.set_hopper_few_rows_split(-1) == 2
+    with pytest.raises(ValueError, match=r"split=4 must be -1 \(auto\), 0 \(off\), 1 or 2"):
+        _ops.set_hopper_few_rows_split(4)

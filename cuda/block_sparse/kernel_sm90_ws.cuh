@@ -53,26 +53,42 @@
 namespace pbsng {
 namespace sm90ws {
 
-template <class T, cute::GMMA::Major MajorA> struct GmmaAtom;
-template <cute::GMMA::Major MajorA> struct GmmaAtom<cute::half_t, MajorA> {
+template <class T, cute::GMMA::Major MajorA, int N> struct GmmaAtom;
+template <cute::GMMA::Major MajorA> struct GmmaAtom<cute::half_t, MajorA, 256> {
   using type = cute::SM90_64x256x16_F32F16F16_SS<MajorA, cute::GMMA::Major::K>;
 };
-template <cute::GMMA::Major MajorA> struct GmmaAtom<cute::bfloat16_t, MajorA> {
+template <cute::GMMA::Major MajorA> struct GmmaAtom<cute::bfloat16_t, MajorA, 256> {
   using type = cute::SM90_64x256x16_F32BF16BF16_SS<MajorA, cute::GMMA::Major::K>;
 };
+template <cute::GMMA::Major MajorA> struct GmmaAtom<cute::half_t, MajorA, 128> {
+  using type = cute::SM90_64x128x16_F32F16F16_SS<MajorA, cute::GMMA::Major::K>;
+};
+template <cute::GMMA::Major MajorA> struct GmmaAtom<cute::bfloat16_t, MajorA, 128> {
+  using type = cute::SM90_64x128x16_F32BF16BF16_SS<MajorA, cute::GMMA::Major::K>;
+};
 
-template <class T_, int Block_, bool TransposeW_, int Stages_>
+// Tokens_: the tile's tokens (the wgmma N), 256, or 128 for few rows of M. Split_: CTAs of a thread-block
+// cluster that share each tile's reduction (the lines' block columns cut into Split_ ranges of keys, one per
+// CTA), adding their fp32 partial sums through distributed shared memory: with few rows of M the tiles alone
+// cannot fill the GPU (4096 -> 4096 at M = 128: 32 tiles of 128 tokens for 132 SMs).
+template <class T_, int Block_, bool TransposeW_, int Stages_, int Tokens_ = 256, int Split_ = 1>
 struct Config {
   using T = T_;
   static constexpr int Block = Block_;
   static constexpr bool TransposeW = TransposeW_;  // dds: A = W_b^T
   static_assert(Block == 64 || Block == 128, "blocks of 64 or 128");
   static_assert(Stages_ == 3 || Stages_ == 4, "3 or 4 pipeline stages");
+  static_assert(Tokens_ == 256 || Tokens_ == 128, "tiles of 256 or 128 tokens");
+  // Splits of 4 were correct but slower than 2 in every cell measured (H100, 4096 x 4096, M = 65-1024: clusters of
+  // 4 CTAs of ~200 KB fit fewer at a time; benchmarks/results/dsd_mid_rows_*.txt, session 17), so not built.
+  static_assert(Split_ == 1 || (Tokens_ == 128 && Split_ == 2), "a split of 2 CTAs, 128 tokens");
   static constexpr int kLinesPerTile = Block == 64 ? 2 : 1;
-  static constexpr int kTokens = 256, kFeatures = 128, BK = 64, kStages = Stages_;
+  static constexpr int kTokens = Tokens_, kFeatures = 128, BK = 64, kStages = Stages_, kSplit = Split_;
   // The output tile is staged in shared memory in parts of kOutTokens tokens: 4 stages of 48 KB leave room for
-  // only half of it (32 KB), so each consumer then stores its 256 tokens in two TMA stores.
-  static constexpr int kOutTokens = kStages == 3 ? kTokens : kTokens / 2;
+  // only half of a 256-token tile (32 KB), so each consumer then stores it in two TMA stores. With a split,
+  // CTA r of the cluster adds the others' sums for part r only and stores it.
+  static constexpr int kOutTokens =
+      kSplit > 1 ? kTokens / kSplit : (kStages == 3 || kTokens == 128 ? kTokens : kTokens / 2);
   static constexpr int kOutParts = kTokens / kOutTokens;
   static constexpr int kTileSlots = 4;  // tile numbers the producer may hand out ahead of the consumers
   static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
@@ -88,19 +104,28 @@ struct Config {
   // (64, kOutTokens) tile of the same atom).
   using SmemLayoutOut = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<T>{},
                                                      cute::make_shape(cute::Int<64>{}, cute::Int<kTokens>{})));
-  using TiledMma = decltype(cute::make_tiled_mma(typename GmmaAtom<T, MajorA>::type{}));
+  using TiledMma = decltype(cute::make_tiled_mma(typename GmmaAtom<T, MajorA, kTokens>::type{}));
   // stmatrix.trans: each thread's token pairs land as 16-byte rows of 8 features (one instruction per
   // 8 values instead of 2-byte stores).
   using TiledStoreOut = decltype(cute::make_tiled_copy_C(cute::Copy_Atom<cute::SM90_U16x8_STSM_T, T>{},
                                                          TiledMma{}));
 
-  static constexpr int kActTileBytes = kTokens * BK * int(sizeof(T));  // 32 KB
+  static constexpr int kActTileBytes = kTokens * BK * int(sizeof(T));  // 32 KB (16 KB)
   static constexpr int kWTileBytes = 64 * BK * int(sizeof(T));         // 8 KB per consumer
 
   struct alignas(1024) Stage {
     T act[kTokens * BK];
     T w[2][64 * BK];
   };
+  // A split's exchange of partial sums: consumer h's fp32 accumulators, 4 registers of every thread per 16-byte
+  // row (thread-minor, so that writes and the other CTAs' reads are conflict-free); red_full[h] completes when
+  // the other CTAs have written theirs, red_empty[h] when they have read this one.
+  struct SplitExchange {
+    float4 red[2][64 * kTokens / 4];
+    uint64_t red_full[2];
+    uint64_t red_empty[2];
+  };
+  struct NoSplit {};
   struct SharedStorage {
     Stage stages[kStages];
     alignas(1024) T out[2][kOutTokens * 64];
@@ -110,6 +135,7 @@ struct Config {
     uint64_t tile_full[kTileSlots];
     uint64_t tile_empty[kTileSlots];
     int tile_ids[kTileSlots];  // >= n_tiles: no more tiles
+    cute::conditional_t<(kSplit > 1), SplitExchange, NoSplit> split;  // last: the other layouts stay as they were
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
@@ -134,6 +160,7 @@ struct KernelParams {
   int n_tiles;        // n_groups x n_token_tiles
   int n_token_tiles;  // ceil(M / 256)
   int band;           // the last `band` (>= 1) token tiles are handed out group-major (see tile_of)
+  int n_keys;         // block columns of the other operand (the keys' range), cut into the split's ranges
   int64_t m;          // tokens
 };
 
@@ -188,6 +215,62 @@ __device__ __forceinline__ void tma_store_wait_read() {
 #endif
 }
 
+// A split's partial sums travel between the CTAs of a cluster (distributed shared memory). `local` is an
+// address in this CTA's shared memory; cluster_address gives the same place in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t cluster_address(const void* local, int rank) {
+  uint32_t remote = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(cute::cast_smem_ptr_to_uint(local)), "r"(rank));
+#endif
+  return remote;
+}
+
+// One arrival on a barrier of another CTA of the cluster, releasing this thread's earlier reads and writes of
+// shared memory to the CTAs that wait on it.
+__device__ __forceinline__ void arrive_remote(uint32_t remote_barrier) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" : : "r"(remote_barrier) : "memory");
+#endif
+}
+
+// Waits for the phase of `parity` of a barrier that other CTAs of the cluster arrive on (acquiring what they
+// released).
+__device__ __forceinline__ void wait_cluster(uint64_t* barrier, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n\t"
+      ".reg .pred done;\n\t"
+      "WAIT_CLUSTER:\n\t"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n\t"
+      "@!done bra WAIT_CLUSTER;\n\t"
+      "}"
+      :
+      : "r"(cute::cast_smem_ptr_to_uint(barrier)), "r"(parity)
+      : "memory");
+#endif
+}
+
+__device__ __forceinline__ float4 load_remote_float4(uint32_t remote) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+#endif
+  return v;
+}
+
+// The first entry of keys[begin, end) (sorted) that is >= bound, found by the whole warp 32 entries at a time.
+__device__ __forceinline__ int warp_lower_bound(const int32_t* keys, int begin, int end, int bound, int lane) {
+  for (int base = begin; base < end; base += 32) {
+    const int e = base + lane;
+    const int below = __popc(__ballot_sync(0xffffffffu, e < end && __ldg(keys + e) < bound));
+    if (below < 32) return base + below;
+  }
+  return end;
+}
+
 // The dynamic shared memory as `Storage`, aligned to 1024 bytes (128-byte swizzled TMA tiles need it; the
 // launch asks for 1024 bytes of slack).
 template <class Storage>
@@ -224,9 +307,22 @@ __device__ __forceinline__ int group_lines(const KernelParams& p, int group, int
   }
 }
 
-// The producer's next work unit after `unit`: from the counter (dynamic) or round-robin.
-__device__ __forceinline__ int next_unit(const KernelParams& p, int unit) {
-  return p.tile_counter != nullptr ? int(gridDim.x) + atomicAdd(p.tile_counter, 1) : unit + int(gridDim.x);
+// The producer's next work unit after `unit`: from the counter (dynamic) or round-robin over the `workers`
+// (CTAs, or clusters with a split: all CTAs of a cluster take the same units).
+__device__ __forceinline__ int next_unit(const KernelParams& p, int unit, int workers) {
+  return p.tile_counter != nullptr ? int(gridDim.x) + atomicAdd(p.tile_counter, 1) : unit + workers;
+}
+
+// With a split, CTA r of the cluster takes the blocks of keys [n_keys r / split, n_keys (r + 1) / split): this
+// narrows a line's entries [begin, end) to them.
+template <class Cfg>
+__device__ __forceinline__ void clip_to_keys(const KernelParams& p, int& begin, int& end, int key_lo, int key_hi,
+                                             int lane) {
+  if constexpr (Cfg::kSplit > 1) {
+    const int first = warp_lower_bound(p.keys, begin, end, key_lo, lane);
+    end = warp_lower_bound(p.keys, first, end, key_hi, lane);
+    begin = first;
+  }
 }
 
 // A line's block list as seen by the producer warp: lane i holds entries base + i (keys and slots) of the
@@ -282,17 +378,25 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
   const bool issue_act = leader && warp == 0;
   const bool issue_w = leader && warp == 1;
   int it = 0;
-  auto next_stage = [&](int flags, int w_tiles) -> int {
+  // A stage loads an activation tile and `w_tiles` W tiles (none at all: the empty stage of a split's CTA whose
+  // keys hold no block).
+  auto next_stage = [&](int flags, int w_tiles, bool act_tile = true) -> int {
     const int s = it % S;
     Barrier::wait(&sh.empty[s], ((it / S) & 1) ^ 1);
     if (issue_act) {
       sh.flags[s] = flags;
-      TxBarrier::arrive_and_expect_tx(&sh.full[s], Cfg::kActTileBytes + w_tiles * Cfg::kWTileBytes);
+      TxBarrier::arrive_and_expect_tx(&sh.full[s], int(act_tile) * Cfg::kActTileBytes + w_tiles * Cfg::kWTileBytes);
     }
     ++it;
     return s;
   };
-  int unit = blockIdx.x, tile = 0;
+  const int workers = int(gridDim.x) / Cfg::kSplit;
+  int unit = int(blockIdx.x) / Cfg::kSplit, tile = 0, key_lo = 0, key_hi = INT_MAX;
+  if constexpr (Cfg::kSplit > 1) {
+    const int rank = int(cute::block_rank_in_cluster());
+    key_lo = int(int64_t(p.n_keys) * rank / Cfg::kSplit);
+    key_hi = int(int64_t(p.n_keys) * (rank + 1) / Cfg::kSplit);
+  }
   for (int n = 0;; ++n) {
     // Hand the tile to the consumers (a number >= n_tiles tells them to stop).
     const int q = n % Cfg::kTileSlots;
@@ -315,16 +419,20 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
     // early enough that the atomic's latency overlaps the last loads. (4 stages measured the same.)
     int following = -1;
     auto claim = [&](int stages_left) {
-      if (issue_act && following < 0 && stages_left <= 2) following = next_unit(p, unit);
+      if (issue_act && following < 0 && stages_left <= 2) following = next_unit(p, unit, workers);
     };
     const int group = tile % p.n_groups, token0 = tile / p.n_groups * Cfg::kTokens;
     int line[2];
     const int lines = group_lines<Cfg>(p, group, line);
     if constexpr (B == 64) {
-      int e0 = __ldg(p.offsets + line[0]), e1 = 0, end1 = 0;
-      LineWindow w0 = open_window(p, e0, __ldg(p.offsets + line[0] + 1), lane);
+      int e0 = __ldg(p.offsets + line[0]), end0 = __ldg(p.offsets + line[0] + 1), e1 = 0, end1 = 0;
       if (lines == 2) e1 = __ldg(p.offsets + line[1]), end1 = __ldg(p.offsets + line[1] + 1);
+      clip_to_keys<Cfg>(p, e0, end0, key_lo, key_hi, lane);
+      clip_to_keys<Cfg>(p, e1, end1, key_lo, key_hi, lane);
+      LineWindow w0 = open_window(p, e0, end0, lane);
       LineWindow w1 = open_window(p, e1, end1, lane);
+      // With a split the consumers expect a stage per tile (theirs take part in the exchange of sums).
+      if (Cfg::kSplit > 1 && e0 == end0 && e1 == end1) next_stage(4, 0, false);
       claim(max(w0.end - e0, w1.end - e1));  // the merged list has at least that many stages
       while (e0 < w0.end || e1 < w1.end) {
         int slot0, slot1;
@@ -344,7 +452,9 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
         claim(max(w0.end - e0, w1.end - e1));
       }
     } else {
-      const int begin = __ldg(p.offsets + line[0]), end = __ldg(p.offsets + line[0] + 1);
+      int begin = __ldg(p.offsets + line[0]), end = __ldg(p.offsets + line[0] + 1);
+      clip_to_keys<Cfg>(p, begin, end, key_lo, key_hi, lane);
+      if (Cfg::kSplit > 1 && begin == end) next_stage(4, 0, false);  // see above
       LineWindow w = open_window(p, begin, end, lane);
       claim(2 * (end - begin));
       for (int e = begin; e < end; ++e) {
@@ -396,9 +506,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
       Barrier::init(&sh.tile_full[q], 1);
       Barrier::init(&sh.tile_empty[q], 256 + 32);  // both consumers and the W-issuing producer warp
     }
+    if constexpr (Cfg::kSplit > 1) {
+      for (int c = 0; c < 2; ++c) {  // every thread of consumer c in each other CTA arrives once per tile
+        Barrier::init(&sh.split.red_full[c], 128 * (Cfg::kSplit - 1));
+        Barrier::init(&sh.split.red_empty[c], 128 * (Cfg::kSplit - 1));
+      }
+    }
   }
   init_pipeline<S>(sh.full, sh.empty, 256);  // its fence covers the inits above (same thread)
   __syncthreads();
+  if constexpr (Cfg::kSplit > 1) {  // the other CTAs' barriers are initialised before anyone arrives on them
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  }
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
@@ -432,7 +552,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
     return make_tensor(out_src.data() + k * kInstrPerPart * kValuesPerInstr, make_layout(part_shape, stride(out_src)));
   };
 
-  int it = 0;
+  int it = 0, exchanges = 0;
+  const int rank = Cfg::kSplit > 1 ? int(cute::block_rank_in_cluster()) : 0;
   for (int n = 0;; ++n) {
     const int q = n % Cfg::kTileSlots;
     Barrier::wait(&sh.tile_full[q], (n / Cfg::kTileSlots) & 1);
@@ -443,7 +564,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
     int line[2];
     const int lines = group_lines<Cfg>(p, group, line);
     clear(acc);
-    const bool any_block = __ldg(p.offsets + line[0] + 1) > __ldg(p.offsets + line[0]) ||
+    const bool any_block = Cfg::kSplit > 1 ||  // a split's producer makes a stage for every tile
+                           __ldg(p.offsets + line[0] + 1) > __ldg(p.offsets + line[0]) ||
                            (lines == 2 && __ldg(p.offsets + line[1] + 1) > __ldg(p.offsets + line[1]));
     if (any_block) {  // else the producer made no stage
       int pending = -1;  // stage whose wgmma may still be reading shared memory
@@ -481,6 +603,34 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
     // Epilogue of consumer h: features feature0 .. + 63 (none past the last line).
     const int feature0 = B == 64 ? (h == 0 ? line[0] : line[1]) * 64 : line[0] * 128 + h * 64;  // no local array
     if (h < lines * (B == 64 ? 1 : 2)) {
+      if constexpr (Cfg::kSplit > 1) {
+        // The exchange: write this CTA's sums, then add the other CTAs' for part `rank` of the tokens.
+        constexpr int kRows = decltype(size(acc))::value / 4;
+        float4* red = sh.split.red[h];
+        wait_cluster(&sh.split.red_empty[h], (exchanges & 1) ^ 1);  // the others have read the last tile's
+        CUTE_UNROLL
+        for (int g = 0; g < kRows; ++g) red[g * 128 + tid] = make_float4(acc(4 * g), acc(4 * g + 1), acc(4 * g + 2), acc(4 * g + 3));
+        for (int r = 1; r < Cfg::kSplit; ++r) {
+          arrive_remote(cluster_address(&sh.split.red_full[h], (rank + r) % Cfg::kSplit));
+        }
+        wait_cluster(&sh.split.red_full[h], exchanges & 1);
+        for (int r = 1; r < Cfg::kSplit; ++r) {
+          const int other = (rank + r) % Cfg::kSplit;
+          const uint32_t other_red = cluster_address(red, other);
+          CUTE_UNROLL
+          for (int g = 0; g < kRows; ++g) {
+            // Registers 4g .. 4g + 3 hold 8 tokens of one wgmma column group (the C layout along N).
+            if (get<1>(coord(4 * g)) / Cfg::kOutTokens != rank) continue;
+            const float4 v = load_remote_float4(other_red + uint32_t((g * 128 + tid) * sizeof(float4)));
+            acc(4 * g) += v.x;
+            acc(4 * g + 1) += v.y;
+            acc(4 * g + 2) += v.z;
+            acc(4 * g + 3) += v.w;
+          }
+          arrive_remote(cluster_address(&sh.split.red_empty[h], other));
+        }
+        ++exchanges;
+      }
       if (tid == 0) tma_store_wait_read();  // the previous tile's store has left sh.out[h]
       cutlass::arch::NamedBarrier::sync(128, 1 + h);
       // A thread's accumulators cover two features, rows r and r + 8 of its warp's 16 (the wgmma C layout;
@@ -494,7 +644,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
       CUTE_UNROLL
       for (int k = 0; k < Cfg::kOutParts; ++k) {
         const int part_token0 = token0 + k * Cfg::kOutTokens;
-        if (k > 0) {
+        if constexpr (Cfg::kSplit > 1) {  // CTA r stores part r
+          if (k != rank) continue;
+          if (part_token0 >= p.m) break;
+        } else if (k > 0) {
           if (part_token0 >= p.m) break;  // uniform over the warpgroup
           if (tid == 0) tma_store_wait_read();  // part k - 1 has left sh.out[h]
           cutlass::arch::NamedBarrier::sync(128, 1 + h);
@@ -507,6 +660,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
     }
   }
   if (tid == 0) tma_store_wait_read();  // shared memory must outlive the last store's reads
+  // ... and the other CTAs' reads of this one's sums.
+  if constexpr (Cfg::kSplit > 1) wait_cluster(&sh.split.red_empty[h], (exchanges & 1) ^ 1);
 #else
   __trap();  // never launched: the host picks this kernel only on sm_90 devices of a build with sm_90a
 #endif
@@ -564,19 +719,37 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
   p.keys = keys;
   p.slots = slots;
   p.order = order;
-  p.tile_counter = tile_counter;
+  p.tile_counter = Cfg::kSplit > 1 ? nullptr : tile_counter;  // a split's clusters take their tiles round-robin
   p.bias = bias;
   p.n_lines = n_lines;
   p.n_groups = int(groups);
   p.n_tiles = int(tiles);
   p.n_token_tiles = int(token_tiles);
   p.band = int(band);
+  p.n_keys = n_other;
   p.m = m;
   err = sm80::prepare<ws_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  const int ctas = int(std::min<int64_t>(tiles, sms));
-  ws_kernel<Cfg><<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  if constexpr (Cfg::kSplit == 1) {
+    const int ctas = int(std::min<int64_t>(tiles, sms));
+    ws_kernel<Cfg><<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+    return cudaGetLastError();
+  } else {
+    const int clusters = int(std::min<int64_t>(tiles, std::max(1, sms / Cfg::kSplit)));
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(clusters * Cfg::kSplit));
+    config.blockDim = dim3(Cfg::kThreads);
+    config.dynamicSmemBytes = Cfg::kSmemBytes;
+    config.stream = stream;
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = Cfg::kSplit;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, ws_kernel<Cfg>, p);
+  }
 }
 
 // The launch for blocks of 64 or 128 and 3 or 4 pipeline stages (others: cudaErrorInvalidValue).
@@ -596,6 +769,25 @@ cudaError_t launch_for_block(int block, int stages, const void* act, int64_t m, 
     PBSNG_SM90WS_CASE(128, 3)
     PBSNG_SM90WS_CASE(128, 4)
 #undef PBSNG_SM90WS_CASE
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// dsd with few rows of M: 128-token tiles whose reduction is split over `split` CTAs (1 or 2).
+template <class T>
+cudaError_t launch_few_rows(int block, int split, const void* act, int64_t m, int n_other, const void* data,
+                            int64_t nnz, const int32_t* offsets, const int32_t* keys, const int32_t* order,
+                            int n_lines, const void* bias, void* out, int sms, cudaStream_t stream) {
+  switch (block * 10 + split) {
+#define PBSNG_SM90WS_FEW_ROWS_CASE(BLOCK, SPLIT)                                                           \
+  case BLOCK * 10 + SPLIT:                                                                                 \
+    return launch<Config<T, BLOCK, false, 4, 128, SPLIT>>(act, m, n_other, data, nnz, offsets, keys, nullptr,  \
+                                                          order, nullptr, n_lines, bias, out, sms, stream);
+    PBSNG_SM90WS_FEW_ROWS_CASE(64, 1)
+    PBSNG_SM90WS_FEW_ROWS_CASE(64, 2)
+    PBSNG_SM90WS_FEW_ROWS_CASE(128, 1)
+    PBSNG_SM90WS_FEW_ROWS_CASE(128, 2)
+#undef PBSNG_SM90WS_FEW_ROWS_CASE
     default: return cudaErrorInvalidValue;
   }
 }

@@ -34,6 +34,8 @@ struct DsdParams {
   int sms;                  // multiprocessors of the device (the Hopper kernels' persistent grid)
   int stages;               // Hopper kernel: pipeline stages, 3 or 4
   int tile_rows = 128;      // SM80 kernel: rows of M per CTA, 64 or 128
+  int few_rows_split = 0;   // Hopper kernel: 0, 256-token tiles; 1 or 2, 128-token tiles whose reduction is
+                            // split over that many CTAs of a cluster (few rows of M)
 };
 
 // dx (M, K) = dy (M, N) W, through the column-major index. One CTA per (block column, tile of M rows).

@@ -10,6 +10,11 @@
   template <>                                                                                              \
   cudaError_t launch_dsd_sm90<DTYPE>(const DsdParams& p, cudaStream_t stream) {                            \
     if (p.splits != 1 || p.nnz < 1) return cudaErrorInvalidValue;                                          \
+    if (p.few_rows_split > 0) {                                                                            \
+      return sm90ws::launch_few_rows<sm80::ElementFor<DTYPE>::type>(                                      \
+          p.block, p.few_rows_split, p.x, p.m, p.n_block_cols, p.data, p.nnz, p.row_offsets, p.col_indices, \
+          p.row_order, p.n_block_rows, p.bias, p.y, p.sms, stream);                                       \
+    }                                                                                                      \
     return sm90ws::launch_for_block<sm80::ElementFor<DTYPE>::type, false>(                                 \
         p.block, p.stages, p.x, p.m, p.n_block_cols, p.data, p.nnz, p.row_offsets, p.col_indices, nullptr,           \
         p.row_order, p.tile_counter, p.n_block_rows, p.bias, p.y, p.sms, stream);                          \
