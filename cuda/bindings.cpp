@@ -379,16 +379,6 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   const int64_t line_steps = pat.n_block_rows > 0 ? pat.nnz * (block / 64) / pat.n_block_rows : 0;
   const int few_rows_split = few_rows_split_for(x.device().index(), block, m, pat.nnz, groups * ((m + 127) / 128),
                                                 line_steps, sms);
-  if (few_rows_split > 0) {
-    at::Tensor y = at::empty({m, n}, x.options());
-    DsdParams p{x.data_ptr(), data.data_ptr(), b ? b->data_ptr() : nullptr, y.data_ptr(), nullptr,
-                row_offsets.data_ptr<int32_t>(), col_indices.data_ptr<int32_t>(), row_order.data_ptr<int32_t>(),
-                nullptr, m, pat.nnz, int(pat.n_block_rows), int(pat.n_block_cols), block, 1, int(sms), 4, 128,
-                few_rows_split};
-    check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_sm90<DType::kFloat16>(p, stream)
-                                                : launch_dsd_sm90<DType::kBFloat16>(p, stream), kDsd);
-    return y;
-  }
   // Few rows of M: R x ceil(M / 128) CTAs cannot fill the GPU. From 128 to 255 rows the SM80 kernel then takes
   // 64-row tiles (twice the CTAs); H100, 4096 x 4096, blocks 64 / 128, densities 0.1-1.0: 0.63-1.0x the time of
   // 128-row tiles at M = 128-224 in all 32 cells, but up to 1.15x at M = 72-96, where the second tile is mostly
@@ -400,8 +390,10 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   // once it had >= 32 tiles (lines x 256-token tiles): H100, 4096 x 4096 and 1024 -> 4096, M = 256-768,
   // 0.40-1.01x its time in all 40 cells; with 8-24 tiles (4096 -> 1024) 0.92-2.2x, and blocks of 64 1.1-1.17x
   // on 4096 x 4096 at M = 256, up to 2.5x on 4096 -> 1024 (benchmarks/results/ab_dsd_hopper_few_tiles_*.txt).
-  const bool hopper = use_hopper_for(x.device().index(), block, m, pat.nnz);
-  const bool hopper_without_split = hopper && block == 128 && pat.n_block_rows * ((m + 255) / 256) >= 32;
+  // The few-rows dsd (few_rows_split_for) splits inside its clusters, never across kernels.
+  const bool hopper = few_rows_split > 0 || use_hopper_for(x.device().index(), block, m, pat.nnz);
+  const bool hopper_without_split =
+      few_rows_split > 0 || (hopper && block == 128 && pat.n_block_rows * ((m + 255) / 256) >= 32);
   int64_t splits = 1;
   if (!hopper_without_split && pat.nnz > 0 && ctas > 0 && ctas < sms) {
     // Each split keeps >= 512 of the row's K (on average): below that the extra memset / bias / cast
@@ -419,9 +411,10 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
               splits > 1 ? y_f32.data_ptr<float>() : nullptr, row_offsets.data_ptr<int32_t>(),
               col_indices.data_ptr<int32_t>(), row_order.data_ptr<int32_t>(), nullptr, m, pat.nnz,
               int(pat.n_block_rows), int(pat.n_block_cols), block, int(splits), int(sms), int(g_hopper_stages),
-              int(tile_rows)};
+              int(tile_rows), few_rows_split};
   if (splits == 1 && hopper) {
-    const at::Tensor counter = tile_counter_for(x, stream);
+    // The few-rows dsd deals its tiles round-robin (its clusters take the same tiles): no counter.
+    const at::Tensor counter = few_rows_split > 0 ? at::Tensor() : tile_counter_for(x, stream);
     p.tile_counter = counter_ptr(counter);
     check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_sm90<DType::kFloat16>(p, stream)
                                                 : launch_dsd_sm90<DType::kBFloat16>(p, stream), kDsd);

@@ -177,12 +177,17 @@ def test_decode_kernel_and_the_tiled_path_agree(m, block):
         _ops.set_hopper_few_rows_split(previous_few_rows)
     layer = BlockSparseLinear(512, 1024, density=0.3, block_shape=(block, block), device="cuda",
                               dtype=torch.bfloat16, generator=torch.Generator().manual_seed(5))
-    x3 = torch.randn(512, m, 2, device="cuda", dtype=torch.bfloat16).permute(2, 1, 0)  # (2, m, 512), strided
+    _check_layer_on_strided_3d_input("BlockSparseLinear, decode", layer, m)
+
+
+def _check_layer_on_strided_3d_input(label, layer, m):
+    """The layer's forward on a (2, m, in_features) non-contiguous input against fp32 F.linear."""
+    x3 = torch.randn(layer.in_features, m, 2, device="cuda", dtype=torch.bfloat16).permute(2, 1, 0)
     with torch.no_grad():
         y = layer(x3)
         dense = layer.weight.to_dense().detach()
         ref = F.linear(x3.float(), dense.float(), layer.bias.float())
-        assert_like_torch("BlockSparseLinear, decode", y, ref, F.linear(x3, dense, layer.bias))
+        assert_like_torch(label, y, ref, F.linear(x3, dense, layer.bias))
 
 
 # 128-255 rows with few block rows: the SM80 dsd takes 64-row tiles (bindings.cpp), full and partial.
@@ -255,12 +260,7 @@ def test_few_rows_default_path_in_the_layer(m):
     128), with a 3-D, non-contiguous input."""
     layer = BlockSparseLinear(4096, 1024, density=0.4, block_shape=(128, 128), device="cuda", dtype=torch.bfloat16,
                               generator=torch.Generator().manual_seed(8))
-    x3 = torch.randn(4096, m, 2, device="cuda", dtype=torch.bfloat16).permute(2, 1, 0)  # (2, m, 4096), strided
-    with torch.no_grad():
-        y = layer(x3)
-        dense = layer.weight.to_dense().detach()
-        ref = F.linear(x3.float(), dense.float(), layer.bias.float())
-        assert_like_torch("BlockSparseLinear, few rows", y, ref, F.linear(x3, dense, layer.bias))
+    _check_layer_on_strided_3d_input("BlockSparseLinear, few rows", layer, m)
 
 
 HOPPER_GRID = [c for c in GRID if c.block in (64, 128)]

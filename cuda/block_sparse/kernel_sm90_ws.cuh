@@ -215,16 +215,8 @@ __device__ __forceinline__ void tma_store_wait_read() {
 #endif
 }
 
-// A split's partial sums travel between the CTAs of a cluster (distributed shared memory). `local` is an
-// address in this CTA's shared memory; cluster_address gives the same place in CTA `rank` of the cluster.
-__device__ __forceinline__ uint32_t cluster_address(const void* local, int rank) {
-  uint32_t remote = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(cute::cast_smem_ptr_to_uint(local)), "r"(rank));
-#endif
-  return remote;
-}
-
+// A split's partial sums travel between the CTAs of a cluster (distributed shared memory): cute::set_block_rank
+// (mapa) maps an address of this CTA's shared memory to the same place in another CTA of the cluster.
 // One arrival on a barrier of another CTA of the cluster, releasing this thread's earlier reads and writes of
 // shared memory to the CTAs that wait on it.
 __device__ __forceinline__ void arrive_remote(uint32_t remote_barrier) {
@@ -611,12 +603,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
         CUTE_UNROLL
         for (int g = 0; g < kRows; ++g) red[g * 128 + tid] = make_float4(acc(4 * g), acc(4 * g + 1), acc(4 * g + 2), acc(4 * g + 3));
         for (int r = 1; r < Cfg::kSplit; ++r) {
-          arrive_remote(cluster_address(&sh.split.red_full[h], (rank + r) % Cfg::kSplit));
+          arrive_remote(cute::set_block_rank(cute::cast_smem_ptr_to_uint(&sh.split.red_full[h]), (rank + r) % Cfg::kSplit));
         }
         wait_cluster(&sh.split.red_full[h], exchanges & 1);
         for (int r = 1; r < Cfg::kSplit; ++r) {
           const int other = (rank + r) % Cfg::kSplit;
-          const uint32_t other_red = cluster_address(red, other);
+          const uint32_t other_red = cute::set_block_rank(cute::cast_smem_ptr_to_uint(red), other);
           CUTE_UNROLL
           for (int g = 0; g < kRows; ++g) {
             // Registers 4g .. 4g + 3 hold 8 tokens of one wgmma column group (the C layout along N).
@@ -627,7 +619,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
             acc(4 * g + 2) += v.z;
             acc(4 * g + 3) += v.w;
           }
-          arrive_remote(cluster_address(&sh.split.red_empty[h], other));
+          arrive_remote(cute::set_block_rank(cute::cast_smem_ptr_to_uint(&sh.split.red_empty[h]), other));
         }
         ++exchanges;
       }
