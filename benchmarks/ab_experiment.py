@@ -4,27 +4,34 @@ every variant alike.
     python benchmarks/ab_experiment.py --variants new=,old=PBSNG_EXPERIMENT_X=1 [--ops dsd,dds,sdd]
         [--rounds 5] [--shape 8192x4096x4096] [--blocks 64,128] [--densities 0.1,0.25,0.5,1.0]
     python benchmarks/ab_experiment.py --variants three=set_hopper_pipeline_stages=3,four=set_hopper_pipeline_stages=4
+    python benchmarks/ab_experiment.py --variants new=,old=build=/tmp/old/pytorch_block_sparse_ng/_C.so+bias=1
 
 For experiment builds: main reads no PBSNG_EXPERIMENT_* variable. An experiment adds one, read by the host
 launcher at every launch (std::getenv, then a kernel parameter), so one process times all variants; the
 results of past experiments are in benchmarks/results/ab_*.txt with the variants they compared. The second
 example compares settings of a tuning knob of _C instead.
 --variants: name=VAR=value[+VAR=value...] per variant, comma separated (an empty setting keeps the defaults;
-a VAR named set_* is the _C knob of that name, called with the value). The first variant is the reference of
+a VAR named set_* is the _C knob of that name, called with the value; build=PATH times the _C extension of another
+build, loaded beside this one, e.g. a checkout of an older commit built in place, so that two builds are compared
+in one process; bias=1 passes a bias to the dsd, as the layer does). The first variant is the reference of
 the ratios. Each round draws a fresh random pattern and times every variant
 once (median of 30 CUDA-event timings) in a rotating order; the table gives the median over rounds of each
 variant's time, its ratio to the first variant of the same round, and the first variant's spread.
-The sdd runs with the bias gradient (what the layer's backward calls).
+The sdd runs with the bias gradient (what the layer's backward calls). --graph-calls N times each variant per call
+in a CUDA graph of N calls instead (short kernels, whose eager timing would include the host's launch time).
 """
 
+import importlib.util
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import torch  # noqa: E402
+
 from pytorch_block_sparse_ng import _C  # noqa: E402
 
-from bench_linear import ab_setup, interleaved_times, ratio_report  # noqa: E402
+from bench_linear import ab_setup, interleaved_times, ratio_report, time_graph_ms, time_ms  # noqa: E402
 
 
 def parse_variants(text):
@@ -36,21 +43,30 @@ def parse_variants(text):
     return variants
 
 
-def with_env(env, fn):
+def load_build(path):
+    """The _C extension module of another build (path to its .so), under a module name of its own (the init
+    symbol comes from the name's last part, _C); its kernels and knobs are separate from this build's."""
+    spec = importlib.util.spec_from_file_location(f"pbsng_build_{abs(hash(path))}._C", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def with_env(env, fn, ext=_C):
     """fn run with the variant's settings: environment variables, and knobs of _C named set_* (called with the
     integer value, the previous value restored afterwards)."""
     knobs = {key: int(value) for key, value in env.items() if key.startswith("set_")}
-    variables = {key: value for key, value in env.items() if key not in knobs}
+    variables = {key: value for key, value in env.items() if key not in knobs and key not in ("build", "bias")}
 
     def run():
         saved = {key: os.environ.get(key) for key in variables}
         os.environ.update(variables)
-        saved_knobs = {key: getattr(_C, key)(value) for key, value in knobs.items()}
+        saved_knobs = {key: getattr(ext, key)(value) for key, value in knobs.items()}
         try:
             fn()
         finally:
             for key, value in saved_knobs.items():
-                getattr(_C, key)(value)
+                getattr(ext, key)(value)
             for key, value in saved.items():
                 if value is None:
                     os.environ.pop(key, None)
@@ -60,21 +76,29 @@ def with_env(env, fn):
 
 
 def main():
-    extra = [("--variants", "default="), ("--ops", "dsd,dds,sdd")]
+    extra = [("--variants", "default="), ("--ops", "dsd,dds,sdd"), ("--graph-calls", "0")]
     args, x, dy = ab_setup(__doc__, rounds=5, extra=extra)
     settings = parse_variants(args.variants)
     print("variants: " + "; ".join(f"{name}: {env or 'defaults'}" for name, env in settings.items()))
+    builds = {env["build"]: load_build(env["build"]) for env in settings.values() if "build" in env}
+    bias = torch.randn(args.n, device="cuda", dtype=torch.bfloat16)
+    calls = int(args.graph_calls)
+    timer = (lambda fn: time_graph_ms(fn, calls, 30)) if calls > 0 else time_ms
     for block in args.blocks:
         for density in args.densities:
             for op in args.ops.split(","):
                 def variants(mat):
                     data, index, shape = mat.data.detach(), mat.indices(), [block, block]
-                    run = {"dsd": lambda: _C.dsd(x, data, None, *index),
-                           "dds": lambda: _C.dds(dy, data, *index),
-                           "sdd": lambda: _C.sdd(dy, x, *index, shape, True)}[op]
-                    return {name: with_env(env, run) for name, env in settings.items()}
 
-                times = interleaved_times(args, block, density, variants)
+                    def run_of(ext, env):
+                        b = bias if env.get("bias") == "1" else None
+                        return {"dsd": lambda: ext.dsd(x, data, b, *index),
+                                "dds": lambda: ext.dds(dy, data, *index),
+                                "sdd": lambda: ext.sdd(dy, x, *index, shape, True)}[op]
+                    exts = {name: builds[env["build"]] if "build" in env else _C for name, env in settings.items()}
+                    return {name: with_env(env, run_of(exts[name], env), exts[name]) for name, env in settings.items()}
+
+                times = interleaved_times(args, block, density, variants, timer)
                 print(ratio_report(f"block {block:3d} density {density:4.2f} {op}", times), flush=True)
 
 

@@ -81,10 +81,10 @@ def ab_setup(description, rounds=5, extra=()):
     return args, x, dy
 
 
-def interleaved_times(args, block, density, variants_for):
+def interleaved_times(args, block, density, variants_for, timer=time_ms):
     """The rounds of an A/B: each round draws a fresh random bf16 (N, K) pattern `mat`, takes {name: fn} from
-    variants_for(mat) and times every fn once (time_ms), in an order rotating by round so that clock drift hits
-    every variant alike. Returns {name: [ms, one per round]}."""
+    variants_for(mat) and times every fn once (timer, by default time_ms), in an order rotating by round so that
+    clock drift hits every variant alike. Returns {name: [ms, one per round]}."""
     times = {}
     for r in range(args.rounds):
         mat = BlockSparseMatrix.randn((args.n, args.k), density=density, block_shape=(block, block),
@@ -92,7 +92,7 @@ def interleaved_times(args, block, density, variants_for):
         variants = list(variants_for(mat).items())
         shift = r % len(variants)
         for name, fn in variants[shift:] + variants[:shift]:
-            times.setdefault(name, []).append(time_ms(fn))
+            times.setdefault(name, []).append(timer(fn))
     return times
 
 
