@@ -253,16 +253,6 @@ __device__ __forceinline__ float4 load_remote_float4(uint32_t remote) {
   return v;
 }
 
-// The first entry of keys[begin, end) (sorted) that is >= bound, found by the whole warp 32 entries at a time.
-__device__ __forceinline__ int warp_lower_bound(const int32_t* keys, int begin, int end, int bound, int lane) {
-  for (int base = begin; base < end; base += 32) {
-    const int e = base + lane;
-    const int below = __popc(__ballot_sync(0xffffffffu, e < end && __ldg(keys + e) < bound));
-    if (below < 32) return base + below;
-  }
-  return end;
-}
-
 // The dynamic shared memory as `Storage`, aligned to 1024 bytes (128-byte swizzled TMA tiles need it; the
 // launch asks for 1024 bytes of slack).
 template <class Storage>
@@ -299,21 +289,54 @@ __device__ __forceinline__ int group_lines(const KernelParams& p, int group, int
   }
 }
 
-// The producer's next work unit after `unit`: from the counter (dynamic) or round-robin over the `workers`
-// (CTAs, or clusters with a split: all CTAs of a cluster take the same units).
-__device__ __forceinline__ int next_unit(const KernelParams& p, int unit, int workers) {
-  return p.tile_counter != nullptr ? int(gridDim.x) + atomicAdd(p.tile_counter, 1) : unit + workers;
+// The producer's next work unit after `unit`: from the counter (dynamic) or round-robin over the CTAs (with a
+// split, over the clusters: all CTAs of a cluster take the same units).
+template <class Cfg>
+__device__ __forceinline__ int next_unit(const KernelParams& p, int unit) {
+  return p.tile_counter != nullptr ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
+                                   : unit + int(gridDim.x) / Cfg::kSplit;
 }
 
 // With a split, CTA r of the cluster takes the blocks of keys [n_keys r / split, n_keys (r + 1) / split): this
-// narrows a line's entries [begin, end) to them.
-template <class Cfg>
-__device__ __forceinline__ void clip_to_keys(const KernelParams& p, int& begin, int& end, int key_lo, int key_hi,
-                                             int lane) {
+// narrows each of N lines' entries [begin, end) (keys sorted) to them. The warp counts the keys below both
+// bounds in one pass over 64 entries per line and step, all lines' loads issued together: one round trip for
+// lines of up to 64 blocks, where a lower bound per bound and line, one after the other, took four to six of
+// the round trips that precede a few-rows tile's first load.
+template <class Cfg, int N>
+__device__ __forceinline__ void clip_to_keys(const KernelParams& p, int (&begin)[N], int (&end)[N], int key_lo,
+                                             int key_hi, int lane) {
   if constexpr (Cfg::kSplit > 1) {
-    const int first = warp_lower_bound(p.keys, begin, end, key_lo, lane);
-    end = warp_lower_bound(p.keys, first, end, key_hi, lane);
-    begin = first;
+    int below_lo[N], below_hi[N];
+    bool open[N];  // the line may hold more keys below key_hi than counted so far
+    for (int i = 0; i < N; ++i) below_lo[i] = below_hi[i] = 0, open[i] = begin[i] < end[i];
+    for (int base = 0;; base += 64) {
+      int key[N][2];
+      CUTE_UNROLL
+      for (int i = 0; i < N; ++i) {
+        CUTE_UNROLL
+        for (int j = 0; j < 2; ++j) {
+          const int e = begin[i] + base + 32 * j + lane;
+          key[i][j] = open[i] && e < end[i] ? __ldg(p.keys + e) : INT_MAX;
+        }
+      }
+      bool more = false;
+      CUTE_UNROLL
+      for (int i = 0; i < N; ++i) {
+        CUTE_UNROLL
+        for (int j = 0; j < 2; ++j) {
+          below_lo[i] += __popc(__ballot_sync(0xffffffffu, key[i][j] < key_lo));
+          below_hi[i] += __popc(__ballot_sync(0xffffffffu, key[i][j] < key_hi));
+        }
+        // All 64 below key_hi and entries left: the next step goes on.
+        open[i] = open[i] && below_hi[i] == base + 64 && begin[i] + base + 64 < end[i];
+        more = more || open[i];
+      }
+      if (!more) break;
+    }
+    for (int i = 0; i < N; ++i) {
+      end[i] = begin[i] + below_hi[i];
+      begin[i] += below_lo[i];
+    }
   }
 }
 
@@ -382,8 +405,7 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
     ++it;
     return s;
   };
-  const int workers = int(gridDim.x) / Cfg::kSplit;
-  int unit = int(blockIdx.x) / Cfg::kSplit, tile = 0, key_lo = 0, key_hi = INT_MAX;
+  int unit = blockIdx.x / Cfg::kSplit, tile = 0, key_lo = 0, key_hi = INT_MAX;
   if constexpr (Cfg::kSplit > 1) {
     const int rank = int(cute::block_rank_in_cluster());
     key_lo = int(int64_t(p.n_keys) * rank / Cfg::kSplit);
@@ -411,20 +433,32 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
     // early enough that the atomic's latency overlaps the last loads. (4 stages measured the same.)
     int following = -1;
     auto claim = [&](int stages_left) {
-      if (issue_act && following < 0 && stages_left <= 2) following = next_unit(p, unit, workers);
+      if (issue_act && following < 0 && stages_left <= 2) following = next_unit<Cfg>(p, unit);
     };
     const int group = tile % p.n_groups, token0 = tile / p.n_groups * Cfg::kTokens;
     int line[2];
     const int lines = group_lines<Cfg>(p, group, line);
     if constexpr (B == 64) {
-      int e0 = __ldg(p.offsets + line[0]), end0 = __ldg(p.offsets + line[0] + 1), e1 = 0, end1 = 0;
-      if (lines == 2) e1 = __ldg(p.offsets + line[1]), end1 = __ldg(p.offsets + line[1] + 1);
-      clip_to_keys<Cfg>(p, e0, end0, key_lo, key_hi, lane);
-      clip_to_keys<Cfg>(p, e1, end1, key_lo, key_hi, lane);
-      LineWindow w0 = open_window(p, e0, end0, lane);
-      LineWindow w1 = open_window(p, e1, end1, lane);
-      // With a split the consumers expect a stage per tile (theirs take part in the exchange of sums).
-      if (Cfg::kSplit > 1 && e0 == end0 && e1 == end1) next_stage(4, 0, false);
+      int e0, e1 = 0, end1 = 0;
+      LineWindow w0, w1;
+      if constexpr (Cfg::kSplit == 1) {
+        // Session 14's code, kept as it was: the 256-token dsd / dds compile to the same SASS as before the
+        // few-rows tiles (with both lines' offsets read first they did not, and measured 0.5-2 % slower for
+        // blocks of 64 in an H100 A/B, benchmarks/results/ab_few_rows_template_*.txt).
+        e0 = __ldg(p.offsets + line[0]);
+        w0 = open_window(p, e0, __ldg(p.offsets + line[0] + 1), lane);
+        if (lines == 2) e1 = __ldg(p.offsets + line[1]), end1 = __ldg(p.offsets + line[1] + 1);
+        w1 = open_window(p, e1, end1, lane);
+      } else {
+        int first[2] = {__ldg(p.offsets + line[0]), 0}, last[2] = {__ldg(p.offsets + line[0] + 1), 0};
+        if (lines == 2) first[1] = __ldg(p.offsets + line[1]), last[1] = __ldg(p.offsets + line[1] + 1);
+        clip_to_keys<Cfg>(p, first, last, key_lo, key_hi, lane);
+        e0 = first[0], e1 = first[1];
+        w0 = open_window(p, e0, last[0], lane);
+        w1 = open_window(p, e1, last[1], lane);
+        // The consumers expect a stage per tile (theirs take part in the exchange of sums).
+        if (e0 == last[0] && e1 == last[1]) next_stage(4, 0, false);
+      }
       claim(max(w0.end - e0, w1.end - e1));  // the merged list has at least that many stages
       while (e0 < w0.end || e1 < w1.end) {
         int slot0, slot1;
@@ -444,8 +478,9 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
         claim(max(w0.end - e0, w1.end - e1));
       }
     } else {
-      int begin = __ldg(p.offsets + line[0]), end = __ldg(p.offsets + line[0] + 1);
-      clip_to_keys<Cfg>(p, begin, end, key_lo, key_hi, lane);
+      int first[1] = {__ldg(p.offsets + line[0])}, last[1] = {__ldg(p.offsets + line[0] + 1)};
+      clip_to_keys<Cfg>(p, first, last, key_lo, key_hi, lane);  // nothing without a split
+      const int begin = first[0], end = last[0];
       if (Cfg::kSplit > 1 && begin == end) next_stage(4, 0, false);  // see above
       LineWindow w = open_window(p, begin, end, lane);
       claim(2 * (end - begin));
