@@ -312,20 +312,39 @@ int64_t set_hopper_few_rows_split(int64_t split) {
   return previous;
 }
 
-// The split for a dsd of M rows with `tiles` 128-token tiles of `steps` k-steps of 64 each (on average), or 0 for
-// the other kernels. Measured on an H100 (bf16, 4096 x 4096, hot weight, M = 65-1024, densities 0.1-1.0;
-// benchmarks/results/dsd_mid_rows_*.txt): with blocks of 128 the 128-token tiles took 0.4-0.9x the time of the
-// path before (SM80 below 256 rows, the 256-token kernel above) from 65 to 512 rows, and a split of 2 helped where
-// the tiles fill at most half the SMs and are long (density >= 0.5: 0.75-0.85x at M = 128 / 256); at 768 rows and
-// density 1.0 the 256-token kernel is faster. With blocks of 64 (two lines per tile, whose union of blocks makes
-// the tiles long) they were slower than the SM80 kernels below 256 rows and won only in a few cells above: not
-// taken by default.
+// The split for a dsd of M rows with `tiles` 128-token tiles of `steps` k-steps of 64 columns per line (on
+// average) and `nnz` of `cells` blocks kept, or 0 for the other kernels. Measured on an H100 (bf16, hot weight;
+// benchmarks/results/dsd_mid_rows_*.txt):
+// - blocks of 128 (4096 x 4096, M = 65-1024): the 128-token tiles took 0.4-0.9x the time of the path before (SM80
+//   below 256 rows, the 256-token kernel above) from 65 to 512 rows, and a split of 2 helped where the tiles fill
+//   at most half the SMs and are long (density >= 0.5: 0.75-0.85x at M = 128 / 256); at 768 rows and density
+//   1.0 the 256-token kernel is faster;
+// - blocks of 64 (4096 x 4096, 1024 -> 4096, 4096 -> 1024; M = 128-640): the tile's two lines load the union of
+//   their blocks, which idles one consumer on a third of the stages at density 0.5, so these tiles win only where
+//   their CTAs fill most of the GPU: with a split of 2 on 0.5-1x the SMs (0.55-0.9x the best other path, density
+//   >= 0.25), with none on 0.5-1x the SMs at density >= 0.75 (0.8-0.9x); below 256 rows the SM80 kernels were
+//   faster. Elsewhere mid_rows_sm80_for decides.
 constexpr int64_t kFewRowsMaxRows = 768;
-int few_rows_split_for(int device, int block, int64_t m, int64_t nnz, int64_t tiles, int64_t steps, int64_t sms) {
+constexpr int64_t kFewRowsMinRowsBlock64 = 256;
+int few_rows_split_for(int device, int block, int64_t m, int64_t nnz, int64_t cells, int64_t tiles, int64_t steps,
+                       int64_t sms) {
   if (nnz <= 0 || g_few_rows_split == 0 || !hopper_device(device, block)) return 0;
   if (g_few_rows_split > 0) return int(g_few_rows_split);
-  if (block != 128 || m >= kFewRowsMaxRows) return 0;
-  return 2 * tiles <= sms && steps >= 24 ? 2 : 1;
+  if (m >= kFewRowsMaxRows) return 0;
+  if (block == 128) return 2 * tiles <= sms && steps >= 24 ? 2 : 1;
+  if (m < kFewRowsMinRowsBlock64) return 0;
+  if (2 * tiles <= sms && 4 * tiles >= sms && steps >= 12) return 2;
+  return tiles <= sms && 2 * tiles >= sms && 4 * nnz >= 3 * cells ? 1 : 0;
+}
+
+// A dsd with blocks of 64 between kFewRowsMinRowsBlock64 and kFewRowsMaxRows rows that the few-rows dsd does not
+// take runs the SM80 kernels where the 256-token kernel has at most one tile for every two SMs: there it took
+// 1.1-1.7x their time at density 0.1-0.5 (H100, 4096 x 4096 and 1024 -> 4096, M = 256-512), with more tiles
+// (M = 640) 0.65-1.0x. With the few-rows knob off (0) the rule before it stands (the 256-token kernel from
+// set_hopper_min_rows).
+bool mid_rows_sm80_for(int block, int64_t m, int64_t tiles_of_256, int64_t sms) {
+  return g_few_rows_split < 0 && block == 64 && m >= kFewRowsMinRowsBlock64 && m < kFewRowsMaxRows &&
+         2 * tiles_of_256 <= sms;
 }
 
 // dsd with at most this many rows of M takes the decode kernel (kernel_decode.cuh: W streamed by N / 16 or
@@ -377,7 +396,8 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   const int64_t sms = multiprocessor_count(x.device().index());
   const int64_t groups = block == 64 ? (pat.n_block_rows + 1) / 2 : pat.n_block_rows;  // lines per tile: 2 / 1
   const int64_t line_steps = pat.n_block_rows > 0 ? pat.nnz * (block / 64) / pat.n_block_rows : 0;
-  const int few_rows_split = few_rows_split_for(x.device().index(), block, m, pat.nnz, groups * ((m + 127) / 128),
+  const int few_rows_split = few_rows_split_for(x.device().index(), block, m, pat.nnz,
+                                                pat.n_block_rows * pat.n_block_cols, groups * ((m + 127) / 128),
                                                 line_steps, sms);
   // Few rows of M: R x ceil(M / 128) CTAs cannot fill the GPU. From 128 to 255 rows the SM80 kernel then takes
   // 64-row tiles (twice the CTAs); H100, 4096 x 4096, blocks 64 / 128, densities 0.1-1.0: 0.63-1.0x the time of
@@ -391,7 +411,9 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   // 0.40-1.01x its time in all 40 cells; with 8-24 tiles (4096 -> 1024) 0.92-2.2x, and blocks of 64 1.1-1.17x
   // on 4096 x 4096 at M = 256, up to 2.5x on 4096 -> 1024 (benchmarks/results/ab_dsd_hopper_few_tiles_*.txt).
   // The few-rows dsd (few_rows_split_for) splits inside its clusters, never across kernels.
-  const bool hopper = few_rows_split > 0 || use_hopper_for(x.device().index(), block, m, pat.nnz);
+  const bool hopper = few_rows_split > 0 ||
+                      (use_hopper_for(x.device().index(), block, m, pat.nnz) &&
+                       !mid_rows_sm80_for(block, m, groups * ((m + 255) / 256), sms));
   const bool hopper_without_split =
       few_rows_split > 0 || (hopper && block == 128 && pat.n_block_rows * ((m + 255) / 256) >= 32);
   int64_t splits = 1;

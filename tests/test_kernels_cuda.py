@@ -219,6 +219,13 @@ def _few_rows_cases():
                 for density in (0.1, 0.5, 1.0):
                     cases.append(Case(m, in_features, out_features, density, block, DTYPES[i % 2]))
                     i += 1
+    # Lines of more than 64 blocks (132 block columns of 64, 66 of 128): the producer's scan for its key range
+    # takes more than one step of 64 entries.
+    for m in (65, 300):
+        for block in (64, 128):
+            for density in (0.7, 1.0):
+                cases.append(Case(m, 8448, 384, density, block, DTYPES[i % 2]))
+                i += 1
     return cases
 
 
@@ -254,12 +261,16 @@ def test_hopper_few_rows_dsd(case):
 
 @pytest.mark.cuda
 @requires_kernels
-@pytest.mark.parametrize("m", (65, 200, 384))
-def test_few_rows_default_path_in_the_layer(m):
-    """BlockSparseLinear at a few hundred tokens (the default path: the few-rows dsd on Hopper GPUs for blocks of
-    128), with a 3-D, non-contiguous input."""
-    layer = BlockSparseLinear(4096, 1024, density=0.4, block_shape=(128, 128), device="cuda", dtype=torch.bfloat16,
-                              generator=torch.Generator().manual_seed(8))
+@pytest.mark.parametrize("m, block, density, out_features", [
+    (65, 128, 0.4, 1024), (200, 128, 0.4, 1024), (384, 128, 0.4, 1024),  # few-rows dsd, split 2 / 1
+    (256, 64, 0.4, 4096), (400, 64, 0.8, 4096),  # blocks of 64 (bindings.cpp's rule): few-rows dsd, split 2 / 1
+    (300, 64, 0.2, 4096), (700, 64, 0.2, 4096),  # ... the SM80 kernels, the 256-token kernel
+])
+def test_few_rows_default_path_in_the_layer(m, block, density, out_features):
+    """BlockSparseLinear at a few hundred tokens (the default path: on Hopper GPUs the few-rows dsd or, for blocks
+    of 64, one of the others), with a 3-D, non-contiguous input."""
+    layer = BlockSparseLinear(4096, out_features, density=density, block_shape=(block, block), device="cuda",
+                              dtype=torch.bfloat16, generator=torch.Generator().manual_seed(8))
     _check_layer_on_strided_3d_input("BlockSparseLinear, few rows", layer, m)
 
 
