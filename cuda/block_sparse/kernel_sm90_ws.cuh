@@ -439,7 +439,7 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
     int line[2];
     const int lines = group_lines<Cfg>(p, group, line);
     if constexpr (B == 64) {
-      int e0, e1 = 0, end1 = 0;
+      int e0, e1 = 0;
       LineWindow w0, w1;
       if constexpr (Cfg::kSplit == 1) {
         // Session 14's code, kept as it was: the 256-token dsd / dds compile to the same SASS as before the
@@ -447,6 +447,7 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
         // blocks of 64 in an H100 A/B, benchmarks/results/ab_few_rows_template_*.txt).
         e0 = __ldg(p.offsets + line[0]);
         w0 = open_window(p, e0, __ldg(p.offsets + line[0] + 1), lane);
+        int end1 = 0;
         if (lines == 2) e1 = __ldg(p.offsets + line[1]), end1 = __ldg(p.offsets + line[1] + 1);
         w1 = open_window(p, e1, end1, lane);
       } else {
