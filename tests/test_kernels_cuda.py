@@ -261,6 +261,49 @@ def test_hopper_few_rows_dsd(case):
 
 @pytest.mark.cuda
 @requires_kernels
+@pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the Hopper kernels run on sm_90 GPUs only")
+def test_hopper_few_rows_dsd_with_many_empty_key_ranges():
+    """Split CTAs whose key range holds no block of the tile's lines make an empty stage, without W tiles; the
+    W-issuing producer warp must not wait for those stages' slots (a regression: when the consumers had passed
+    such a stage before that warp reached it, it waited for the slot's next use, which needed its own loads, and
+    the kernel hung on about a third of these patterns). Many random sparse patterns, each called a few times,
+    in a fresh process with a time limit, so that a hang fails the test instead of stopping the suite."""
+    code = """if True:
+        import torch
+        from pytorch_block_sparse_ng import BlockSparseMatrix, _extension, _ops, reference
+        ops = _extension.get()
+        _ops.set_decode_max_rows(0)
+        for seed in range(12):
+            for block, out_features in ((128, 768), (64, 1536)):
+                for m, density in ((1, 0.1), (100, 0.05)):
+                    g = torch.Generator().manual_seed(seed)
+                    w = BlockSparseMatrix.randn((out_features, 1024), density=density, block_shape=(block, block),
+                                                dtype=torch.float32, generator=g).to("cuda")
+                    index = w.indices()
+                    data = w.data.detach().bfloat16()
+                    x = torch.randn(m, 1024, generator=g).cuda().bfloat16()
+                    bias = torch.randn(out_features, generator=g).cuda().bfloat16()
+                    ref = reference.dsd(x.float(), data.float(), bias.float(), *index)
+                    dense = torch.nn.functional.linear(x, w.to_dense(data.float()).detach().bfloat16(), bias)
+                    # the suite's rule: 2 x PyTorch's own bf16 error + one ulp of the largest value
+                    limit = 2 * (dense.float() - ref).abs().max().item() + 2 ** -7 * ref.abs().max().item() + 1e-6
+                    for split in (2, 1):
+                        _ops.set_hopper_few_rows_split(split)
+                        for _ in range(3):
+                            err = (ops.dsd(x, data, bias, *index).float() - ref).abs().max().item()
+                            assert err <= limit, (seed, block, m, split, err, limit)
+        torch.cuda.synchronize()
+        print("ok")
+    """
+    try:
+        _run_in_a_fresh_process(code, timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the few-rows dsd did not finish within 300 s: a kernel hung")
+
+
+@pytest.mark.cuda
+@requires_kernels
 @pytest.mark.parametrize("m, block, density, out_features", [
     (65, 128, 0.4, 1024), (200, 128, 0.4, 1024), (384, 128, 0.4, 1024),  # few-rows dsd, split 2 / 1
     (256, 64, 0.4, 4096), (400, 64, 0.8, 4096),  # blocks of 64 (bindings.cpp's rule): few-rows dsd, split 2 / 1
@@ -739,9 +782,9 @@ def test_torch_compile_fullgraph_forward_and_backward():
         torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
 
 
-def _run_in_a_fresh_process(code):
+def _run_in_a_fresh_process(code, timeout=600):
     """Runs `code` (which prints "ok" last) in a new Python process from the repository root."""
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 

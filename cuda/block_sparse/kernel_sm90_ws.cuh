@@ -397,7 +397,11 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
   // keys hold no block).
   auto next_stage = [&](int flags, int w_tiles, bool act_tile = true) -> int {
     const int s = it % S;
-    Barrier::wait(&sh.empty[s], ((it / S) & 1) ^ 1);
+    // Warp 1 waits only for the slots it loads into. A stage without W tiles (a split's empty stage) can be
+    // consumed before warp 1 gets there, and the slot's empty barrier is then a phase further on than warp 1's
+    // parity assumes: it would wait for the slot's next use, which may need its own loads (a hang). Without a
+    // split every stage has a W tile.
+    if (Cfg::kSplit == 1 || warp == 0 || w_tiles > 0) Barrier::wait(&sh.empty[s], ((it / S) & 1) ^ 1);
     if (issue_act) {
       sh.flags[s] = flags;
       TxBarrier::arrive_and_expect_tx(&sh.full[s], int(act_tile) * Cfg::kActTileBytes + w_tiles * Cfg::kWTileBytes);
