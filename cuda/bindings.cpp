@@ -298,11 +298,11 @@ int64_t set_hopper_min_rows(int64_t rows) {
   return exchange_knob(g_hopper_min_rows, rows, 1, "set_hopper_min_rows", "rows");
 }
 
-// The Hopper dsd for few rows of M (kernel_sm90_ws.cuh, Config's Tokens_ / Split_): 128-token tiles whose
+// The Hopper dsd and dds for few rows of M (kernel_sm90_ws.cuh, Config's Tokens_ / Split_): 128-token tiles whose
 // reduction is split over 1 or 2 CTAs of a thread-block cluster, which add their fp32 sums through distributed
-// shared memory (no workspace, no extra kernels). -1 (default): few_rows_split_for below decides; 0: never (the
-// SM80 kernels with split-K, or the 256-token kernel from set_hopper_min_rows); 1 or 2: that split wherever the
-// Hopper kernels run (tests, benchmarks).
+// shared memory (no workspace, no extra kernels). -1 (default): few_rows_split_for / few_rows_split_for_dds below
+// decide; 0: never (the SM80 kernels, or the 256-token kernel from set_hopper_min_rows); 1 or 2: that split
+// wherever the Hopper kernels run (tests, benchmarks).
 int64_t g_few_rows_split = -1;
 int64_t set_hopper_few_rows_split(int64_t split) {
   PBSNG_CHECK_VALUE(split >= -1 && split <= 2, "set_hopper_few_rows_split: split=", split,
@@ -335,6 +335,40 @@ int few_rows_split_for(int device, int block, int64_t m, int64_t nnz, int64_t ce
   if (m < kFewRowsMinRowsBlock64) return 0;
   if (2 * tiles <= sms && 4 * tiles >= sms && steps >= 12) return 2;
   return tiles <= sms && 2 * tiles >= sms && 4 * nnz >= 3 * cells ? 1 : 0;
+}
+
+// The same for the dds (dx = dy W through the transposed index: its lines are W's block columns, its keys the block
+// rows). Its SM80 kernel has no split of the reduction, so the few-rows tiles win over a wider range than for
+// the dsd. Fitted on an H100 (bf16, hot weight, graphs of 20 calls; 4096 x 4096, 1024 -> 4096, 4096 -> 1024,
+// M = 128-768, blocks 64 / 128, densities 0.1-1.0: benchmarks/results/dds_mid_rows_*.txt), where the path before
+// (the SM80 kernel below 256 rows, else the 256-token kernel) took 1.6x the time of the best path summed over
+// the 120 cells, and this rule 1.01x; checked on M = 16-1024 and 8192 -> 2048 (same file). It counts tiles, so
+// it holds at more rows for narrow products (1024 -> 4096 at M = 1024: 0.5x the 256-token kernel's time); the
+// row limit keeps it near what was measured.
+// - blocks of 128: a split of 2 where the tiles fill at most half the SMs and are long, else none, while the
+//   tiles fit on the SMs (at up to twice the SMs too at density <= 0.5);
+// - blocks of 64: a split of 2 on at most half the SMs from 12 k-steps per line (shorter lines: the SM80 kernel,
+//   0.85-0.95x their time), none on 0.5-1x the SMs.
+constexpr int64_t kFewRowsMaxRowsDds = 2048;
+int few_rows_split_for_dds(int device, int block, int64_t m, int64_t nnz, int64_t cells, int64_t tiles,
+                           int64_t steps, int64_t sms) {
+  if (nnz <= 0 || g_few_rows_split == 0 || !hopper_device(device, block)) return 0;
+  if (g_few_rows_split > 0) return int(g_few_rows_split);
+  if (m >= kFewRowsMaxRowsDds) return 0;
+  if (block == 128) {
+    if (tiles <= sms) return 2 * tiles <= sms && steps >= 24 ? 2 : 1;
+    return tiles <= 2 * sms && 2 * nnz <= cells ? 1 : 0;
+  }
+  if (tiles > sms) return 0;
+  if (2 * tiles <= sms) return steps >= 12 ? 2 : 0;
+  return 2 * tiles >= sms ? 1 : 0;
+}
+
+// A dds with blocks of 64 that the few-rows tiles do not take runs the SM80 kernel from 256 rows too where the
+// 256-token kernel has at most one tile for every two SMs: there it took 0.6-0.75x the time of the 256-token kernel
+// (same measurements).
+bool mid_rows_sm80_for_dds(int block, int64_t m, int64_t tiles_of_256, int64_t sms) {
+  return g_few_rows_split < 0 && block == 64 && m < kFewRowsMaxRowsDds && 2 * tiles_of_256 <= sms;
 }
 
 // A dsd with blocks of 64 between kFewRowsMinRowsBlock64 and kFewRowsMaxRows rows that the few-rows dsd does not
@@ -475,8 +509,18 @@ at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const
               dy.size(0), pat.nnz,
               int(pat.n_block_rows), int(pat.n_block_cols), block, multiprocessor_count(dy.device().index()),
               int(g_hopper_stages)};
+  // Lines are the block columns here, their keys the block rows.
+  const int64_t groups = block == 64 ? (pat.n_block_cols + 1) / 2 : pat.n_block_cols;
+  const int64_t line_steps = pat.n_block_cols > 0 ? pat.nnz * (block / 64) / pat.n_block_cols : 0;
+  p.few_rows_split = few_rows_split_for_dds(dy.device().index(), block, p.m, pat.nnz,
+                                            pat.n_block_rows * pat.n_block_cols, groups * ((p.m + 127) / 128),
+                                            line_steps, p.sms);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
-  if (use_hopper_for(dy.device().index(), block, dy.size(0), pat.nnz)) {
+  if (p.few_rows_split > 0) {
+    check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)
+                                                 : launch_dds_sm90<DType::kBFloat16>(p, stream), kDds);
+  } else if (use_hopper_for(dy.device().index(), block, dy.size(0), pat.nnz) &&
+             !mid_rows_sm80_for_dds(block, p.m, groups * ((p.m + 255) / 256), p.sms)) {
     const at::Tensor counter = tile_counter_for(dy, stream);
     p.tile_counter = counter_ptr(counter);
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)
@@ -649,9 +693,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "setting",
         pybind11::arg("enabled"));
   m.def("set_hopper_few_rows_split", &pbsng::set_hopper_few_rows_split,
-        "dsd with few rows of M on Hopper: -1 (default) picks 128-token tiles split over 1 or 2 CTAs of a cluster "
-        "for blocks of 128 below 768 rows, 0 never, 1 / 2 that split wherever the Hopper kernels run; returns the "
-        "previous value",
+        "dsd and dds with few rows of M on Hopper: -1 (default) picks 128-token tiles split over 1 or 2 CTAs of a "
+        "cluster by the rules in bindings.cpp, 0 never, 1 / 2 that split wherever the Hopper kernels run; returns "
+        "the previous value",
         pybind11::arg("split"));
   m.def("set_hopper_min_rows", &pbsng::set_hopper_min_rows,
         "the fewest rows M for which dsd / dds take the Hopper kernels; returns the previous value",

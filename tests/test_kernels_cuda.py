@@ -234,15 +234,16 @@ def _few_rows_cases():
 @pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
                     reason="the Hopper kernels run on sm_90 GPUs only")
 @pytest.mark.parametrize("case", _few_rows_cases(), ids=case_id)
-def test_hopper_few_rows_dsd(case):
+def test_hopper_few_rows_dsd_and_dds(case):
     from pytorch_block_sparse_ng import _C, _ops
 
     if not _C.uses_hopper_kernels(torch.cuda.current_device(), case.block):
         pytest.skip("this build has no sm_90a kernels")
-    w, index, x, _, bias, data = _product_case(case, 6)
+    w, index, x, dy, bias, data = _product_case(case, 6)
     dense_t = w.to_dense(data.float()).detach().to(case.dtype)
     ref = reference.dsd(x.float(), data.float(), bias.float(), *index)
     torch_out = F.linear(x, dense_t, bias)
+    ref_dx = reference.dds(dy.float(), data.float(), *index)
     previous_decode = _ops.set_decode_max_rows(0)
     try:
         for split in (1, 2):
@@ -253,6 +254,9 @@ def test_hopper_few_rows_dsd(case):
                 assert torch.equal(OPS.dsd(x, data, bias, *index), y), "the split's sums are added in a fixed order"
                 assert_like_torch(f"few-rows dsd, split {split}, no bias", OPS.dsd(x, data, None, *index),
                                   reference.dsd(x.float(), data.float(), None, *index), F.linear(x, dense_t))
+                dx = OPS.dds(dy, data, *index)
+                assert_like_torch(f"few-rows dds, split {split}", dx, ref_dx, dy @ dense_t)
+                assert torch.equal(OPS.dds(dy, data, *index), dx), "the split's sums are added in a fixed order"
             finally:
                 _ops.set_hopper_few_rows_split(previous)
     finally:
@@ -263,7 +267,7 @@ def test_hopper_few_rows_dsd(case):
 @requires_kernels
 @pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
                     reason="the Hopper kernels run on sm_90 GPUs only")
-def test_hopper_few_rows_dsd_with_many_empty_key_ranges():
+def test_hopper_few_rows_with_many_empty_key_ranges():
     """Split CTAs whose key range holds no block of the tile's lines make an empty stage, without W tiles; the
     W-issuing producer warp must not wait for those stages' slots (a regression: when the consumers had passed
     such a stage before that warp reached it, it waited for the slot's next use, which needed its own loads, and
@@ -288,11 +292,17 @@ def test_hopper_few_rows_dsd_with_many_empty_key_ranges():
                     dense = torch.nn.functional.linear(x, w.to_dense(data.float()).detach().bfloat16(), bias)
                     # the suite's rule: 2 x PyTorch's own bf16 error + one ulp of the largest value
                     limit = 2 * (dense.float() - ref).abs().max().item() + 2 ** -7 * ref.abs().max().item() + 1e-6
+                    dy = torch.randn(m, out_features, generator=g).cuda().bfloat16()
+                    ref_dx = reference.dds(dy.float(), data.float(), *index)
+                    dense_dx = dy @ w.to_dense(data.float()).detach().bfloat16()
+                    limit_dx = 2 * (dense_dx.float() - ref_dx).abs().max().item() + 2 ** -7 * ref_dx.abs().max().item() + 1e-6
                     for split in (2, 1):
                         _ops.set_hopper_few_rows_split(split)
                         for _ in range(3):
                             err = (ops.dsd(x, data, bias, *index).float() - ref).abs().max().item()
-                            assert err <= limit, (seed, block, m, split, err, limit)
+                            assert err <= limit, ("dsd", seed, block, m, split, err, limit)
+                            err = (ops.dds(dy, data, *index).float() - ref_dx).abs().max().item()
+                            assert err <= limit_dx, ("dds", seed, block, m, split, err, limit_dx)
         torch.cuda.synchronize()
         print("ok")
     """

@@ -8,7 +8,9 @@ into an fp32 workspace), the Hopper 256-token kernel (minimum rows lowered to 1,
 still takes the SM80 split path wherever the split rule applies), the Hopper few-rows dsd forced to each split
 (128-token tiles, the reduction split over 1 or 2 CTAs of a cluster) and the default path. Per call in a CUDA
 graph of 20 calls, the same weight at every call (hot in L2). Written in session 13 to size the mid-M gap,
-extended in session 17 with the few-rows dsd: benchmarks/results/dsd_mid_rows_*.txt.
+extended in session 17 with the few-rows dsd: benchmarks/results/dsd_mid_rows_*.txt. --op dds times the
+dds (dx = dy W, the input gradient) the same way (session 20): dense dy @ W, no decode kernel, the SM80 kernel
+(no split), the 256-token kernel, the few-rows tiles.
 """
 import argparse
 import os
@@ -29,28 +31,35 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--m", default="65,96,128,192,256,320,384,512,768,1024")
     parser.add_argument("--features", default="4096x4096", help="KxN pairs, comma-separated")
+    parser.add_argument("--op", default="dsd", choices=("dsd", "dds"))
+    parser.add_argument("--densities", default="0.1,0.25,0.5,1.0")
     args = parser.parse_args()
+    dds = args.op == "dds"
     ops = _extension.get()
-    print(f"{torch.cuda.get_device_name()} bf16; ms per call in a CUDA graph of 20 calls (hot weight)")
+    print(f"{torch.cuda.get_device_name()} bf16 {args.op}; ms per call in a CUDA graph of 20 calls (hot weight)")
     print("   K    N    M block dens |  dense | decode |   sm80 | hop256 |  few 1 |  few 2 | default | default / dense")
     for features in args.features.split(","):
         k, n = (int(v) for v in features.split("x"))
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-            dense = time_graph_ms(lambda: F.linear(x, w), 20, 30)
+            dense = time_graph_ms((lambda: dy @ w) if dds else (lambda: F.linear(x, w)), 20, 30)
             for block in (64, 128):
-                for density in (0.1, 0.25, 0.5, 1.0):
+                for density in (float(d) for d in args.densities.split(",")):
                     mat = BlockSparseMatrix.randn((n, k), density=density, block_shape=(block, block),
                                                   dtype=torch.bfloat16, device="cuda")
                     data, index = mat.data.detach(), mat.indices()
-                    run = lambda: ops.dsd(x, data, None, *index)  # noqa: E731
+                    if dds:
+                        run = lambda: ops.dds(dy, data, *index)  # noqa: E731
+                    else:
+                        run = lambda: ops.dsd(x, data, None, *index)  # noqa: E731
                     times = {"default": time_graph_ms(run, 20, 30)}
                     previous_decode = _ops.set_decode_max_rows(64)
                     previous_min = _ops.set_hopper_min_rows(1 << 30)
                     previous_few = _ops.set_hopper_few_rows_split(0)
                     try:
-                        times["decode"] = time_graph_ms(run, 20, 30) if m <= 64 else float("nan")
+                        times["decode"] = time_graph_ms(run, 20, 30) if m <= 64 and not dds else float("nan")
                         _ops.set_decode_max_rows(0)
                         times["sm80"] = time_graph_ms(run, 20, 30)
                         _ops.set_hopper_min_rows(1)

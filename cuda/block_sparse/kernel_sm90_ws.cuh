@@ -805,16 +805,17 @@ cudaError_t launch_for_block(int block, int stages, const void* act, int64_t m, 
   }
 }
 
-// dsd with few rows of M: 128-token tiles whose reduction is split over `split` CTAs (1 or 2).
-template <class T>
+// dsd / dds with few rows of M: 128-token tiles whose reduction is split over `split` CTAs (1 or 2).
+template <class T, bool TransposeW>
 cudaError_t launch_few_rows(int block, int split, const void* act, int64_t m, int n_other, const void* data,
-                            int64_t nnz, const int32_t* offsets, const int32_t* keys, const int32_t* order,
-                            int n_lines, const void* bias, void* out, int sms, cudaStream_t stream) {
+                            int64_t nnz, const int32_t* offsets, const int32_t* keys, const int32_t* slots,
+                            const int32_t* order, int n_lines, const void* bias, void* out, int sms,
+                            cudaStream_t stream) {
   switch (block * 10 + split) {
 #define PBSNG_SM90WS_FEW_ROWS_CASE(BLOCK, SPLIT)                                                           \
   case BLOCK * 10 + SPLIT:                                                                                 \
-    return launch<Config<T, BLOCK, false, 4, 128, SPLIT>>(act, m, n_other, data, nnz, offsets, keys, nullptr,  \
-                                                          order, nullptr, n_lines, bias, out, sms, stream);
+    return launch<Config<T, BLOCK, TransposeW, 4, 128, SPLIT>>(act, m, n_other, data, nnz, offsets, keys, slots, \
+                                                               order, nullptr, n_lines, bias, out, sms, stream);
     PBSNG_SM90WS_FEW_ROWS_CASE(64, 1)
     PBSNG_SM90WS_FEW_ROWS_CASE(64, 2)
     PBSNG_SM90WS_FEW_ROWS_CASE(128, 1)

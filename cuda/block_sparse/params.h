@@ -55,6 +55,7 @@ struct DdsParams {
   int block;
   int sms;                  // multiprocessors of the device (the Hopper kernels' persistent grid)
   int stages;               // Hopper kernel: pipeline stages, 3 or 4
+  int few_rows_split = 0;   // Hopper kernel: as DsdParams::few_rows_split
 };
 
 // dW_b [nnz, B, B] = dy^T x on the kept blocks, reduced over M. One CTA per (kept block, split of M).

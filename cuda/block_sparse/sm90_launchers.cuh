@@ -11,9 +11,9 @@
   cudaError_t launch_dsd_sm90<DTYPE>(const DsdParams& p, cudaStream_t stream) {                            \
     if (p.splits != 1 || p.nnz < 1) return cudaErrorInvalidValue;                                          \
     if (p.few_rows_split > 0) {                                                                            \
-      return sm90ws::launch_few_rows<sm80::ElementFor<DTYPE>::type>(                                      \
+      return sm90ws::launch_few_rows<sm80::ElementFor<DTYPE>::type, false>(                               \
           p.block, p.few_rows_split, p.x, p.m, p.n_block_cols, p.data, p.nnz, p.row_offsets, p.col_indices, \
-          p.row_order, p.n_block_rows, p.bias, p.y, p.sms, stream);                                       \
+          nullptr, p.row_order, p.n_block_rows, p.bias, p.y, p.sms, stream);                              \
     }                                                                                                      \
     return sm90ws::launch_for_block<sm80::ElementFor<DTYPE>::type, false>(                                 \
         p.block, p.stages, p.x, p.m, p.n_block_cols, p.data, p.nnz, p.row_offsets, p.col_indices, nullptr,           \
@@ -26,6 +26,11 @@
   template <>                                                                                              \
   cudaError_t launch_dds_sm90<DTYPE>(const DdsParams& p, cudaStream_t stream) {                            \
     if (p.nnz < 1) return cudaErrorInvalidValue;                                                           \
+    if (p.few_rows_split > 0) {                                                                            \
+      return sm90ws::launch_few_rows<sm80::ElementFor<DTYPE>::type, true>(                                \
+          p.block, p.few_rows_split, p.dy, p.m, p.n_block_rows, p.data, p.nnz, p.col_offsets_t,           \
+          p.row_indices_t, p.perm_t, p.col_order, p.n_block_cols, nullptr, p.dx, p.sms, stream);          \
+    }                                                                                                      \
     return sm90ws::launch_for_block<sm80::ElementFor<DTYPE>::type, true>(                                  \
         p.block, p.stages, p.dy, p.m, p.n_block_rows, p.data, p.nnz, p.col_offsets_t, p.row_indices_t, p.perm_t,    \
         p.col_order, p.tile_counter, p.n_block_cols, nullptr, p.dx, p.sms, stream);                        \
