@@ -300,9 +300,9 @@ int64_t set_hopper_min_rows(int64_t rows) {
 
 // The Hopper dsd and dds for few rows of M (kernel_sm90_ws.cuh, Config's Tokens_ / Split_): 128-token tiles whose
 // reduction is split over 1 or 2 CTAs of a thread-block cluster, which add their fp32 sums through distributed
-// shared memory (no workspace, no extra kernels). -1 (default): few_rows_split_for / few_rows_split_for_dds below
-// decide; 0: never (the SM80 kernels, or the 256-token kernel from set_hopper_min_rows); 1 or 2: that split
-// wherever the Hopper kernels run (tests, benchmarks).
+// shared memory (no workspace, no extra kernels). -1 (default): few_rows_split_for below decides; 0: never (the
+// SM80 kernels, or the 256-token kernel from set_hopper_min_rows); 1 or 2: that split wherever the Hopper kernels
+// run (tests, benchmarks).
 int64_t g_few_rows_split = -1;
 int64_t set_hopper_few_rows_split(int64_t split) {
   PBSNG_CHECK_VALUE(split >= -1 && split <= 2, "set_hopper_few_rows_split: split=", split,
@@ -312,73 +312,51 @@ int64_t set_hopper_few_rows_split(int64_t split) {
   return previous;
 }
 
-// The split for a dsd of M rows with `tiles` 128-token tiles of `steps` k-steps of 64 columns per line (on
-// average) and `nnz` of `cells` blocks kept, or 0 for the other kernels. Measured on an H100 (bf16, hot weight;
-// benchmarks/results/dsd_mid_rows_*.txt):
-// - blocks of 128 (4096 x 4096, M = 65-1024): the 128-token tiles took 0.4-0.9x the time of the path before (SM80
-//   below 256 rows, the 256-token kernel above) from 65 to 512 rows, and a split of 2 helped where the tiles fill
-//   at most half the SMs and are long (density >= 0.5: 0.75-0.85x at M = 128 / 256); at 768 rows and density
-//   1.0 the 256-token kernel is faster;
-// - blocks of 64 (4096 x 4096, 1024 -> 4096, 4096 -> 1024; M = 128-640): the tile's two lines load the union of
-//   their blocks, which idles one consumer on a third of the stages at density 0.5, so these tiles win only where
-//   their CTAs fill most of the GPU: with a split of 2 on 0.5-1x the SMs (0.55-0.9x the best other path, density
-//   >= 0.25), with none on 0.5-1x the SMs at density >= 0.75 (0.8-0.9x); below 256 rows the SM80 kernels were
-//   faster. Elsewhere mid_rows_sm80_for decides.
-constexpr int64_t kFewRowsMaxRows = 768;
-constexpr int64_t kFewRowsMinRowsBlock64 = 256;
-int few_rows_split_for(int device, int block, int64_t m, int64_t nnz, int64_t cells, int64_t tiles, int64_t steps,
-                       int64_t sms) {
+// The split for a dsd or dds of M rows with `tiles` 128-token tiles of `steps` k-steps of 64 per line (on average)
+// and `nnz` of `cells` blocks kept, or 0 for the other kernels. The rule counts tiles and CTAs against the SMs.
+// Measured on an H100 (bf16, hot weight, graphs of 20 calls; 4096 x 4096, 1024 -> 4096, 4096 -> 1024, densities
+// 0.1-1.0; benchmarks/profile/dsd_mid_rows.py, benchmarks/results/{dsd,dds}_mid_rows_*.txt):
+// - blocks of 128: a split of 2 where the tiles fill at most half the SMs and the lines are long (>= 24 k-steps),
+//   else none, while the tiles fit on the SMs, and on up to twice the SMs at density <= 0.5 (above that, or on
+//   more tiles, the 256-token kernel was faster);
+// - blocks of 64: the tile's two lines load the union of their blocks, so the tiles win where their CTAs fill the
+//   GPU: a split of 2 on at most half the SMs from 12 k-steps per line, none on 0.5-1x the SMs. The dsd's SM80
+//   kernel splits each line's blocks over CTAs (and takes 64-row tiles below 256 rows), the dds's does not: for the
+//   dsd a split of 2 also needs a quarter of the SMs busy, and below 256 rows density >= 0.75, lines of >= 32
+//   k-steps and an eighth of the SMs (0.7-0.95x the SM80 kernels' time on 4096 x 4096 at density 1.0; on most other
+//   cells below 256 rows 1.0-1.8x).
+// Session 20 fitted the dds (120 cells, M = 128-768: the path before, SM80 below 256 rows and the 256-token kernel
+// from there, took 1.6x the best path's time in sum, the rule 1.01x; checked on M = 16-1536 and 8192 -> 2048) and
+// refitted the dsd after the empty-stage fix made its block-64 split-2 tiles 13-20 % faster (264 cells, M = 96-768:
+// the session 18 rule 1.059x the best in sum, this one 1.016x; mostly from M = 768 on narrow outputs, which the row
+// limit of 768 had excluded: 4096 -> 1024 took 1.4-2.4x the few-rows tiles' time there).
+constexpr int64_t kFewRowsMaxRows = 2048;  // measured up to 1536 rows
+constexpr int64_t kFewRowsMinRowsBlock64Dsd = 256;
+enum class Product { kDsd, kDds };
+int few_rows_split_for(Product product, int device, int block, int64_t m, int64_t nnz, int64_t cells, int64_t tiles,
+                       int64_t steps, int64_t sms) {
   if (nnz <= 0 || g_few_rows_split == 0 || !hopper_device(device, block)) return 0;
   if (g_few_rows_split > 0) return int(g_few_rows_split);
   if (m >= kFewRowsMaxRows) return 0;
-  if (block == 128) return 2 * tiles <= sms && steps >= 24 ? 2 : 1;
-  if (m < kFewRowsMinRowsBlock64) return 0;
-  if (2 * tiles <= sms && 4 * tiles >= sms && steps >= 12) return 2;
-  return tiles <= sms && 2 * tiles >= sms && 4 * nnz >= 3 * cells ? 1 : 0;
-}
-
-// The same for the dds (dx = dy W through the transposed index: its lines are W's block columns, its keys the block
-// rows). Its SM80 kernel has no split of the reduction, so the few-rows tiles win over a wider range than for
-// the dsd. Fitted on an H100 (bf16, hot weight, graphs of 20 calls; 4096 x 4096, 1024 -> 4096, 4096 -> 1024,
-// M = 128-768, blocks 64 / 128, densities 0.1-1.0: benchmarks/results/dds_mid_rows_*.txt), where the path before
-// (the SM80 kernel below 256 rows, else the 256-token kernel) took 1.6x the time of the best path summed over
-// the 120 cells, and this rule 1.01x; checked on M = 16-1024 and 8192 -> 2048 (same file). It counts tiles, so
-// it holds at more rows for narrow products (1024 -> 4096 at M = 1024: 0.5x the 256-token kernel's time); the
-// row limit keeps it near what was measured.
-// - blocks of 128: a split of 2 where the tiles fill at most half the SMs and are long, else none, while the
-//   tiles fit on the SMs (at up to twice the SMs too at density <= 0.5);
-// - blocks of 64: a split of 2 on at most half the SMs from 12 k-steps per line (shorter lines: the SM80 kernel,
-//   0.85-0.95x their time), none on 0.5-1x the SMs.
-constexpr int64_t kFewRowsMaxRowsDds = 2048;
-int few_rows_split_for_dds(int device, int block, int64_t m, int64_t nnz, int64_t cells, int64_t tiles,
-                           int64_t steps, int64_t sms) {
-  if (nnz <= 0 || g_few_rows_split == 0 || !hopper_device(device, block)) return 0;
-  if (g_few_rows_split > 0) return int(g_few_rows_split);
-  if (m >= kFewRowsMaxRowsDds) return 0;
   if (block == 128) {
     if (tiles <= sms) return 2 * tiles <= sms && steps >= 24 ? 2 : 1;
     return tiles <= 2 * sms && 2 * nnz <= cells ? 1 : 0;
   }
   if (tiles > sms) return 0;
-  if (2 * tiles <= sms) return steps >= 12 ? 2 : 0;
-  return 2 * tiles >= sms ? 1 : 0;
+  const bool dsd = product == Product::kDsd;
+  if (dsd && m < kFewRowsMinRowsBlock64Dsd) {
+    return 2 * tiles <= sms && 8 * tiles >= sms && steps >= 32 && 4 * nnz >= 3 * cells ? 2 : 0;
+  }
+  if (2 * tiles <= sms) return steps >= 12 && (!dsd || 4 * tiles >= sms) ? 2 : 0;
+  return 1;
 }
 
-// A dds with blocks of 64 that the few-rows tiles do not take runs the SM80 kernel from 256 rows too where the
-// 256-token kernel has at most one tile for every two SMs: there it took 0.6-0.75x the time of the 256-token kernel
-// (same measurements).
-bool mid_rows_sm80_for_dds(int block, int64_t m, int64_t tiles_of_256, int64_t sms) {
-  return g_few_rows_split < 0 && block == 64 && m < kFewRowsMaxRowsDds && 2 * tiles_of_256 <= sms;
-}
-
-// A dsd with blocks of 64 between kFewRowsMinRowsBlock64 and kFewRowsMaxRows rows that the few-rows dsd does not
-// take runs the SM80 kernels where the 256-token kernel has at most one tile for every two SMs: there it took
-// 1.1-1.7x their time at density 0.1-0.5 (H100, 4096 x 4096 and 1024 -> 4096, M = 256-512), with more tiles
-// (M = 640) 0.65-1.0x. With the few-rows knob off (0) the rule before it stands (the 256-token kernel from
-// set_hopper_min_rows).
+// A dsd / dds with blocks of 64 between 256 and kFewRowsMaxRows rows that the few-rows tiles do not take runs the
+// SM80 kernels where the 256-token kernel has at most one tile for every two SMs: there it took 1.1-1.7x their
+// time (dsd, density 0.1-0.5, M = 256-512) and 1.3-1.7x (dds); with more tiles (M = 640) 0.65-1.0x. With the
+// few-rows knob off (0) the rule before it stands (the 256-token kernel from set_hopper_min_rows).
 bool mid_rows_sm80_for(int block, int64_t m, int64_t tiles_of_256, int64_t sms) {
-  return g_few_rows_split < 0 && block == 64 && m >= kFewRowsMinRowsBlock64 && m < kFewRowsMaxRows &&
-         2 * tiles_of_256 <= sms;
+  return g_few_rows_split < 0 && block == 64 && m >= 256 && m < kFewRowsMaxRows && 2 * tiles_of_256 <= sms;
 }
 
 // dsd with at most this many rows of M takes the decode kernel (kernel_decode.cuh: W streamed by N / 16 or
@@ -430,7 +408,7 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   const int64_t sms = multiprocessor_count(x.device().index());
   const int64_t groups = block == 64 ? (pat.n_block_rows + 1) / 2 : pat.n_block_rows;  // lines per tile: 2 / 1
   const int64_t line_steps = pat.n_block_rows > 0 ? pat.nnz * (block / 64) / pat.n_block_rows : 0;
-  const int few_rows_split = few_rows_split_for(x.device().index(), block, m, pat.nnz,
+  const int few_rows_split = few_rows_split_for(Product::kDsd, x.device().index(), block, m, pat.nnz,
                                                 pat.n_block_rows * pat.n_block_cols, groups * ((m + 127) / 128),
                                                 line_steps, sms);
   // Few rows of M: R x ceil(M / 128) CTAs cannot fill the GPU. From 128 to 255 rows the SM80 kernel then takes
@@ -512,7 +490,7 @@ at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const
   // Lines are the block columns here, their keys the block rows.
   const int64_t groups = block == 64 ? (pat.n_block_cols + 1) / 2 : pat.n_block_cols;
   const int64_t line_steps = pat.n_block_cols > 0 ? pat.nnz * (block / 64) / pat.n_block_cols : 0;
-  p.few_rows_split = few_rows_split_for_dds(dy.device().index(), block, p.m, pat.nnz,
+  p.few_rows_split = few_rows_split_for(Product::kDds, dy.device().index(), block, p.m, pat.nnz,
                                             pat.n_block_rows * pat.n_block_cols, groups * ((p.m + 127) / 128),
                                             line_steps, p.sms);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
@@ -520,7 +498,7 @@ at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)
                                                  : launch_dds_sm90<DType::kBFloat16>(p, stream), kDds);
   } else if (use_hopper_for(dy.device().index(), block, dy.size(0), pat.nnz) &&
-             !mid_rows_sm80_for_dds(block, p.m, groups * ((p.m + 255) / 256), p.sms)) {
+             !mid_rows_sm80_for(block, p.m, groups * ((p.m + 255) / 256), p.sms)) {
     const at::Tensor counter = tile_counter_for(dy, stream);
     p.tile_counter = counter_ptr(counter);
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)

@@ -315,13 +315,13 @@ def test_hopper_few_rows_with_many_empty_key_ranges():
 @pytest.mark.cuda
 @requires_kernels
 @pytest.mark.parametrize("m, block, density, out_features", [
-    (65, 128, 0.4, 1024), (200, 128, 0.4, 1024), (384, 128, 0.4, 1024),  # few-rows dsd, split 2 / 1
-    (256, 64, 0.4, 4096), (400, 64, 0.8, 4096),  # blocks of 64 (bindings.cpp's rule): few-rows dsd, split 2 / 1
-    (300, 64, 0.2, 4096), (700, 64, 0.2, 4096),  # ... the SM80 kernels, the 256-token kernel
+    (65, 128, 0.4, 1024), (200, 128, 0.4, 1024), (384, 128, 0.3, 1024),  # few-rows dsd, split 2 / 2 / 1
+    (200, 64, 1.0, 4096), (256, 64, 0.4, 4096), (400, 64, 0.8, 4096),  # blocks of 64: few-rows, split 2 / 2 / 1
+    (256, 64, 0.15, 4096), (700, 64, 0.2, 4096),  # ... the SM80 kernels, the 256-token kernel (bindings.cpp's rule)
 ])
 def test_few_rows_default_path_in_the_layer(m, block, density, out_features):
     """BlockSparseLinear at a few hundred tokens (the default path: on Hopper GPUs the few-rows dsd or, for blocks
-    of 64, one of the others), with a 3-D, non-contiguous input."""
+    of 64, one of the others; the dds of the backward by its own rule), with a 3-D, non-contiguous input."""
     layer = BlockSparseLinear(4096, out_features, density=density, block_shape=(block, block), device="cuda",
                               dtype=torch.bfloat16, generator=torch.Generator().manual_seed(8))
     _check_layer_on_strided_3d_input("BlockSparseLinear, few rows", layer, m)
