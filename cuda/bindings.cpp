@@ -326,10 +326,11 @@ int64_t set_hopper_few_rows_split(int64_t split) {
 //   k-steps and an eighth of the SMs (0.7-0.95x the SM80 kernels' time on 4096 x 4096 at density 1.0; on most other
 //   cells below 256 rows 1.0-1.8x).
 // Session 20 fitted the dds (120 cells, M = 128-768: the path before, SM80 below 256 rows and the 256-token kernel
-// from there, took 1.6x the best path's time in sum, the rule 1.01x; checked on M = 16-1536 and 8192 -> 2048) and
-// refitted the dsd after the empty-stage fix made its block-64 split-2 tiles 13-20 % faster (264 cells, M = 96-768:
-// the session 18 rule 1.059x the best in sum, this one 1.016x; mostly from M = 768 on narrow outputs, which the row
-// limit of 768 had excluded: 4096 -> 1024 took 1.4-2.4x the few-rows tiles' time there).
+// from there, took 1.6x the best path's time in sum, the rule 1.01x; checked on M = 16-1536, 8192 -> 2048 and
+// 2048 -> 8192) and refitted the dsd after the empty-stage fix made its block-64 split-2 tiles 13-20 % faster (264
+// cells, M = 96-768: session 18's rule 1.055x the best in sum, this one 1.016x; 328 other cells, M = 80-1792 and two
+// more shapes: 1.077x and 1.008x). Most of the gain is at 768 rows and more on narrow outputs, which the row limit
+// of 768 had excluded (4096 -> 1024 at M = 768: 1.4-2.4x the few-rows tiles' time).
 constexpr int64_t kFewRowsMaxRows = 2048;  // measured up to 1536 rows
 constexpr int64_t kFewRowsMinRowsBlock64Dsd = 256;
 enum class Product { kDsd, kDds };
