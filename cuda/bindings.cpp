@@ -331,7 +331,7 @@ int64_t set_hopper_few_rows_split(int64_t split) {
 // cells, M = 96-768: session 18's rule 1.055x the best in sum, this one 1.016x; 328 other cells, M = 80-1792 and two
 // more shapes: 1.077x and 1.008x). Most of the gain is at 768 rows and more on narrow outputs, which the row limit
 // of 768 had excluded (4096 -> 1024 at M = 768: 1.4-2.4x the few-rows tiles' time).
-constexpr int64_t kFewRowsMaxRows = 2048;  // measured up to 1536 rows
+constexpr int64_t kFewRowsMaxRows = 2048;  // measured up to 1792 rows
 constexpr int64_t kFewRowsMinRowsBlock64Dsd = 256;
 enum class Product { kDsd, kDds };
 int few_rows_split_for(Product product, int device, int block, int64_t m, int64_t nnz, int64_t cells, int64_t tiles,
