@@ -8,6 +8,10 @@ The kernel records nothing by default. To trace, apply the profiling patch, rebu
 (the patch also reads PBSNG_WS_CTAS, a cap on the grid, for cases run on fewer SMs)
     git apply -R benchmarks/profile/ws_trace.patch
 
+The patch was written against session 11's kernel and no longer applies (the producer changed in sessions 14-20:
+next_stage's empty stages, the per-warp instantiations); port its stamps to the current produce<Cfg, kWarp>
+before the next trace.
+
 The patch stamps (globaltimer, 32 ns ticks on an H100), per CTA and pipeline stage: producer warp 0 starts
 waiting for an empty slot, gets it, has issued the activation load (block 64; before session 8's second
 producer warp: all of the stage's loads); each consumer starts waiting for the full slot, its

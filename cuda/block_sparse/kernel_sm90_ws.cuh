@@ -383,14 +383,16 @@ __device__ __forceinline__ int window_key(const KernelParams& p, LineWindow& w, 
 // lane 0 of warp 1 loads the W tiles (it follows warp 0's tiles through the tile queue). The TMA issue itself
 // is slow when the memory system is busy (~0.1 us per instruction, H100 trace), and issuing from two warps
 // made the block 64 dsd / dds 1-3 % faster (H100 A/B, benchmarks/results/ab_split_issue_*.txt).
-// kWarp: the warp (0 or 1) this instantiation runs as, or -1 for either, read from threadIdx (the 256-token
-// kernels: session 14's code, see below).
+// One instantiation per warp (kWarp = 0 or 1), so that each warp's loop carries none of the other's code: the
+// few-rows tiles (one or two per CTA, latency-bound) 2-6 % faster with a split of 2 and 16-20 % for blocks of 64
+// without, the 256-token dsd / dds 0.4-1.5 % (H100 A/Bs, benchmarks/results/ab_*per_warp_producer_*.txt).
 template <class Cfg, int kWarp>
 __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::SharedStorage& sh) {
   using Barrier = cutlass::arch::ClusterBarrier;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int S = Cfg::kStages, B = Cfg::Block;
-  const int lane = threadIdx.x % 32, warp = kWarp >= 0 ? kWarp : int(threadIdx.x / 32);
+  constexpr int warp = kWarp;
+  const int lane = threadIdx.x % 32;
   const bool leader = lane == 0;
   const bool issue_act = leader && warp == 0;
   const bool issue_w = leader && warp == 1;
@@ -448,9 +450,8 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
       int e0, e1 = 0;
       LineWindow w0, w1;
       if constexpr (Cfg::kSplit == 1) {
-        // Session 14's code, kept as it was: the 256-token dsd / dds compile to the same SASS as before the
-        // few-rows tiles (with both lines' offsets read first they did not, and measured 0.5-2 % slower for
-        // blocks of 64 in an H100 A/B, benchmarks/results/ab_few_rows_template_*.txt).
+        // Session 14's order of loads, kept for the 256-token dsd / dds: with both lines' offsets read first
+        // they measured 0.5-2 % slower for blocks of 64 (H100 A/B, benchmarks/results/ab_few_rows_template_*.txt).
         e0 = __ldg(p.offsets + line[0]);
         w0 = open_window(p, e0, __ldg(p.offsets + line[0] + 1), lane);
         int end1 = 0;
@@ -556,13 +557,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
-    // The few-rows tiles (one or two per CTA: latency-bound) run each producer warp's own instantiation, which
-    // drops the other warp's code from its loop: 2-6 % faster with a split of 2, 16-20 % for blocks of 64 without
-    // (H100 A/B, benchmarks/results/ab_few_rows_per_warp_producer_*.txt). For the 256-token kernels the same was
-    // neutral (inside session 19's look-ahead build); they keep session 14's code.
-    if constexpr (Cfg::kTokens == 256) {
-      if (threadIdx.x < 64) produce<Cfg, -1>(p, sh);
-    } else if (threadIdx.x < 32) {
+    if (threadIdx.x < 32) {
       produce<Cfg, 0>(p, sh);
     } else if (threadIdx.x < 64) {
       produce<Cfg, 1>(p, sh);
