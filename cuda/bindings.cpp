@@ -492,8 +492,8 @@ at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const
   const int64_t groups = block == 64 ? (pat.n_block_cols + 1) / 2 : pat.n_block_cols;
   const int64_t line_steps = pat.n_block_cols > 0 ? pat.nnz * (block / 64) / pat.n_block_cols : 0;
   p.few_rows_split = few_rows_split_for(Product::kDds, dy.device().index(), block, p.m, pat.nnz,
-                                            pat.n_block_rows * pat.n_block_cols, groups * ((p.m + 127) / 128),
-                                            line_steps, p.sms);
+                                        pat.n_block_rows * pat.n_block_cols, groups * ((p.m + 127) / 128),
+                                        line_steps, p.sms);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
   if (p.few_rows_split > 0) {
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)
