@@ -13,8 +13,9 @@ example compares settings of a tuning knob of _C instead.
 --variants: name=VAR=value[+VAR=value...] per variant, comma separated (an empty setting keeps the defaults;
 a VAR named set_* is the _C knob of that name, called with the value; build=PATH times the _C extension of another
 build, loaded beside this one, e.g. a checkout of an older commit built in place, so that two builds are compared
-in one process; bias=1 passes a bias to the dsd, as the layer does). The first variant is the reference of
-the ratios. Each round draws a fresh random pattern and times every variant
+in one process; bias=1 passes a bias to the dsd, as the layer does; pairs=greedy gives the kernels the greedy
+line pairs, layout.pair_order(..., max_matched_rows=0), instead of the pattern's row_order / col_order). The first
+variant is the reference of the ratios. Each round draws a fresh random pattern and times every variant
 once (median of 30 CUDA-event timings) in a rotating order; the table gives the median over rounds of each
 variant's time, its ratio to the first variant of the same round, and the first variant's spread.
 The sdd runs with the bias gradient (what the layer's backward calls). --graph-calls N times each variant per call
@@ -30,6 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from pytorch_block_sparse_ng import _C  # noqa: E402
+from pytorch_block_sparse_ng.layout import pair_order, tile_lines  # noqa: E402
 
 from bench_linear import ab_setup, interleaved_times, ratio_report, time_graph_ms, time_ms  # noqa: E402
 
@@ -56,7 +58,8 @@ def with_env(env, fn, ext=_C):
     """fn run with the variant's settings: environment variables, and knobs of _C named set_* (called with the
     integer value, the previous value restored afterwards)."""
     knobs = {key: int(value) for key, value in env.items() if key.startswith("set_")}
-    variables = {key: value for key, value in env.items() if key not in knobs and key not in ("build", "bias")}
+    variables = {key: value for key, value in env.items()
+                 if key not in knobs and key not in ("build", "bias", "pairs")}
 
     def run():
         saved = {key: os.environ.get(key) for key in variables}
@@ -89,12 +92,18 @@ def main():
             for op in args.ops.split(","):
                 def variants(mat):
                     data, index, shape = mat.data.detach(), mat.indices(), [block, block]
+                    greedy = index  # INDEX_NAMES, then row_order and col_order
+                    if tile_lines((block, block)) == 2:
+                        mask = mat.block_mask()
+                        greedy = index[:-2] + tuple(pair_order(m, max_matched_rows=0).to(mask.device)
+                                                    for m in (mask, mask.T))
 
                     def run_of(ext, env):
                         b = bias if env.get("bias") == "1" else None
-                        return {"dsd": lambda: ext.dsd(x, data, b, *index),
-                                "dds": lambda: ext.dds(dy, data, *index),
-                                "sdd": lambda: ext.sdd(dy, x, *index, shape, True)}[op]
+                        idx = greedy if env.get("pairs") == "greedy" else index
+                        return {"dsd": lambda: ext.dsd(x, data, b, *idx),
+                                "dds": lambda: ext.dds(dy, data, *idx),
+                                "sdd": lambda: ext.sdd(dy, x, *idx, shape, True)}[op]
                     exts = {name: builds[env["build"]] if "build" in env else _C for name, env in settings.items()}
                     return {name: with_env(env, run_of(exts[name], env), exts[name]) for name, env in settings.items()}
 
