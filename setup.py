@@ -56,7 +56,7 @@ setup(
     license="BSD-3-Clause",
     packages=find_packages(include=["pytorch_block_sparse_ng", "pytorch_block_sparse_ng.*"]),
     python_requires=">=3.10",
-    install_requires=["torch>=2.4", "regex", "tqdm"],
+    install_requires=["torch>=2.4", "networkx", "regex", "tqdm"],
     extras_require={
         "transformers": ["transformers>=4.40"],
         "test": ["pytest", "transformers>=4.40", "accelerate", "safetensors", "nbclient", "nbformat", "ipykernel",
