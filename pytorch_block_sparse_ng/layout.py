@@ -181,7 +181,7 @@ def pair_order(block_mask: torch.Tensor, max_matched_rows: int = 256, candidates
     ``candidates`` best partners, for up to ``max_matched_rows`` rows (0.02 s at 64 rows, 0.1 s at 256 on a
     2-core CPU, growing about as R^2); larger masks keep the greedy pairs (each row, most blocks first, takes the
     free row of largest overlap). On random patterns of 64 x 64 to 256 x 128 blocks the greedy pairs load
-    10-16 % fewer tiles than rows 2i, 2i + 1 at densities 0.1-0.5, the matching another 0.8-2.2 %, within 0.6 %
+    10-16 % fewer tiles than rows 2i, 2i + 1 at densities 0.1-0.5, the matching another 0.9-2.3 %, within 0.6 %
     of the matching over all pairs (``benchmarks/profile/pair_tiles.py``)."""
     mask = block_mask.detach().to("cpu", torch.float32)
     n_rows, n_cols = mask.shape
