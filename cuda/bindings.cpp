@@ -564,9 +564,16 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
   const bool fused_bias = with_bias && hopper;
   const int64_t size = nnz * block * block;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
-  at::Tensor out, bias_grad, sums_f32;
-  if (splits > 1) {  // one fp32 buffer, zeroed by a memset node (less host time than at::zeros): the blocks, then
-                     // the bias gradient
+  // Blocks of 128 split in 2 sum the pieces in the kernel (kernel_sm90_sdd.cuh): no memset, no cast kernels,
+  // and a deterministic result (a + b = b + a whichever piece finishes last). H100, 8192 x 4096 -> 4096 at
+  // density 0.1: 7.7 % faster eagerly, 2.3 % in a graph; with 5 and 6 pieces (16384 x 1024 -> 4096) 2-12 %
+  // slower, the last piece adding up the others' alone (benchmarks/results/ab_sdd_split_pieces_*.txt).
+  const int64_t split_items = sdd_sm90_split_items(nnz, pat.n_block_rows);
+  const bool split_pieces = hopper && block == 128 && splits == 2 &&
+                            sdd_sm90_piece_floats(split_items * splits) * int64_t(sizeof(float)) <= (int64_t(64) << 20);
+  at::Tensor out, bias_grad, sums_f32, pieces, piece_counters;
+  if (splits > 1 && !split_pieces) {  // one fp32 buffer, zeroed by a memset node (less host time than at::zeros):
+                                      // the blocks, then the bias gradient
     sums_f32 = at::empty({size + (fused_bias ? n : 0)}, dy.options().dtype(at::kFloat));
     const cudaError_t err = cudaMemsetAsync(sums_f32.data_ptr(), 0, sums_f32.numel() * sizeof(float), stream);
     TORCH_CHECK(err == cudaSuccess, cat(kSdd, ": zeroing the fp32 partial sums failed: ", cudaGetErrorString(err)));
@@ -574,12 +581,20 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
     out = at::empty({nnz, block, block}, dy.options());
     if (fused_bias) bias_grad = at::empty({n}, dy.options());
   }
-  float* f32 = splits > 1 ? sums_f32.data_ptr<float>() : nullptr;
-  SddParams p{dy.data_ptr(), x.data_ptr(), splits > 1 ? nullptr : out.data_ptr(), f32,
-              fused_bias && splits == 1 ? bias_grad.data_ptr() : nullptr,
-              fused_bias && splits > 1 ? f32 + size : nullptr, row_offsets.data_ptr<int32_t>(),
+  const bool sums_f32_path = splits > 1 && !split_pieces;
+  float* f32 = sums_f32_path ? sums_f32.data_ptr<float>() : nullptr;
+  SddParams p{dy.data_ptr(), x.data_ptr(), sums_f32_path ? nullptr : out.data_ptr(), f32,
+              fused_bias && !sums_f32_path ? bias_grad.data_ptr() : nullptr,
+              fused_bias && sums_f32_path ? f32 + size : nullptr, row_offsets.data_ptr<int32_t>(),
               row_indices.data_ptr<int32_t>(), col_indices.data_ptr<int32_t>(), m, nnz, int(pat.n_block_rows),
               int(pat.n_block_cols), block, int(splits)};
+  if (split_pieces) {
+    pieces = at::empty({sdd_sm90_piece_floats(split_items * splits)}, dy.options().dtype(at::kFloat));
+    // The piece that finishes an item last zeroes its counter again (kernel_sm90_sdd.cuh).
+    piece_counters = self_resetting_counters(dy, stream, 2 * split_items);
+    p.tail_ws = pieces.data_ptr<float>();
+    p.tail_counters = piece_counters.data_ptr<int>();
+  }
   // The tail split (kernel_sm90_sdd.cuh, blocks of 128): when the working CTAs may exceed a wave (at most
   // nnz / chunk + 2 R of them) and M has room for two pieces of kTailMinSteps (16) steps, a workspace and zeroed
   // counters; the kernel decides whether there is a tail to split.
@@ -601,7 +616,7 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_sdd_sm80<DType::kFloat16>(p, stream)
                                                  : launch_sdd_sm80<DType::kBFloat16>(p, stream), kSdd);
   }
-  if (splits > 1) {
+  if (sums_f32_path) {
     out = sums_f32.narrow(0, 0, size).view({nnz, block, block}).to(dy.scalar_type());
     if (fused_bias) bias_grad = sums_f32.narrow(0, size, n).to(dy.scalar_type());
   }

@@ -361,10 +361,90 @@ def test_hopper_path_at_every_m(case):
         _ops.set_hopper_few_rows_split(previous_few_rows)
 
 
+def _hopper_sdd_splits_128(ctas, sms, steps):
+    """The split of M that bindings.cpp (sdd_sm90_splits) gives the Hopper sdd with blocks of 128."""
+    most = max(1, min(steps // 16, 64))
+    full, rest = divmod(ctas, sms)
+
+    def cost(s):
+        if s > 1:
+            return -(-ctas * s // sms) / s
+        if full == 0:
+            return 1.0
+        return full + (0.0 if rest == 0 else 1.0 / max(1, min(sms // rest, steps // 16)))
+
+    least = min([cost(1)] + [cost(s) for s in range(2, most + 1)])
+    splits = 1
+    while cost(splits) > 1.1 * least:
+        splits += 1
+    return splits
+
+
 def _sdd_working_ctas(row_counts, chunk, with_bias):
     """The Hopper sdd's working CTAs for a pattern (kernel_sm90_sdd.cuh): a CTA per chunk of up to `chunk` of a
     row's blocks, and per row without blocks when it sums the bias."""
     return sum((c + chunk - 1) // chunk + (with_bias and c == 0) for c in row_counts)
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the Hopper kernels run on sm_90 GPUs only")
+@pytest.mark.parametrize("density, empty_rows, m, n, k, dtype", [(0.1, 0, 8192, 4096, 4096, torch.bfloat16),
+                                                                 (0.3, 2, 2100, 2048, 1024, torch.float16),
+                                                                 (0.05, 5, 3000, 2048, 1024, torch.bfloat16),
+                                                                 (1.0, 0, 2100, 1024, 1024, torch.float16)])
+def test_hopper_sdd_split_pieces(density, empty_rows, m, n, k, dtype):
+    """Blocks of 128 with fewer working CTAs than SMs and a split of M in 2: the sdd sums the two pieces in the
+    kernel (the piece that finishes an item last adds the other's fp32 partials; no zeroed workspace, no cast
+    kernel). Against the reference, with and without the bias sum, for rows without blocks (bias-only items)
+    and pieces of uneven length; four calls in a row, the last on another stream, each output landing in a
+    freed NaN-filled block of its size (a counter left non-zero would leave an item unstored); and bitwise
+    equal from call to call, whichever piece finishes last."""
+    block = 128
+    generator = torch.Generator().manual_seed(int(density * 100) + empty_rows)
+    rows, cols = n // block, k // block
+    mask = torch.rand(rows, cols, generator=generator) < density
+    mask[0, 0] = True
+    mask[rows - empty_rows:] = False
+    w = BlockSparseMatrix.from_block_mask(mask, (block, block)).to("cuda")
+    counts = (w.row_offsets[1:] - w.row_offsets[:-1]).tolist()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    # bindings.cpp's estimate of the working CTAs and its split rule (sdd_sm90_splits) give 2 pieces here on
+    # the 132 SMs of an H100 SXM or H200
+    ctas = max(1, (2 * sum(counts) + rows + 3) // 4)
+    if _hopper_sdd_splits_128(ctas, sms, (m + 63) // 64) != 2:
+        pytest.skip(f"{sms} SMs split this case into other than 2 pieces")
+    index = w.indices()
+    x = torch.randn(m, cols * block, generator=generator).cuda().to(dtype)
+    dy = torch.randn(m, rows * block, generator=generator).cuda().to(dtype)
+    bshape = (block, block)
+    torch_dw = (dy.t() @ x).reshape(rows, block, cols, block).transpose(1, 2)[w.row_indices.long(),
+                                                                              w.col_indices.long()]
+    ref = reference.sdd(dy.float(), x.float(), *index, bshape)
+
+    def poisoned(fn):
+        junk = [torch.full(w.data.shape, float("nan"), device="cuda", dtype=dtype),
+                torch.full((rows * block,), float("nan"), device="cuda", dtype=dtype)]
+        del junk
+        return fn()
+
+    side = torch.cuda.Stream()
+    first = None
+    for call in range(4):
+        stream = side if call == 3 else torch.cuda.current_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            dw = poisoned(lambda: OPS.sdd(dy, x, *index, bshape))
+            dw_fused, db = poisoned(lambda: OPS.sdd_with_bias_grad(dy, x, *index, bshape))
+        torch.cuda.current_stream().wait_stream(stream)
+        assert_like_torch("sdd, split pieces", dw, ref, torch_dw)
+        assert_like_torch("sdd with bias, split pieces", dw_fused, ref, torch_dw)
+        assert_like_torch("bias gradient, split pieces", db, dy.float().sum(0), dy.sum(0))
+        if first is None:
+            first = (dw, dw_fused, db)
+        for name, got, want in zip(("dw", "dw with bias", "bias gradient"), (dw, dw_fused, db), first):
+            assert torch.equal(got, want), f"{name} differs between calls"
 
 
 @pytest.mark.cuda

@@ -25,6 +25,10 @@
 // Tail split (blocks of 128, no split of M): the items of the last partial wave of CTAs are split over M
 // into pieces run by extra CTAs of the tail slots; fp32 partials in a workspace, the last piece to finish adds
 // them and stores (see KernelParams and consume()).
+// A split of M in 2 with blocks of 128 sums its pieces the same way (every working item in grid.z = 2 pieces):
+// no zeroed workspace, no cast kernel, and a deterministic result (a + b = b + a). Other splits keep the TMA
+// reductions into a zeroed fp32 workspace: with 5-6 pieces the last one's summing made the sdd slower, and in
+// blocks of 64 the tail code spills.
 //
 // Constraints: sm_90a only; fp16 / bf16; blocks 64 and 128; 16-byte aligned activations.
 #pragma once
@@ -105,15 +109,18 @@ struct Config {
 struct KernelParams {
   CUtensorMap dy_map;  // (M, N), box 64 tokens x 64 features
   CUtensorMap x_map;   // (M, K), box 64 tokens x 64 features
-  // The result: out [nnz, B, B] in T (splits == 1) as (nnz * B rows, B), box 64 x 64; or the zeroed fp32
-  // workspace of the same shape (splits > 1), box 64 x 32, added into by TMA reductions.
+  // The result: out [nnz, B, B] in T as (nnz * B rows, B), box 64 x 64; or, with sums_f32, the zeroed fp32
+  // workspace of the same shape, box 64 x 32, added into by TMA reductions.
   CUtensorMap out_map;
   const int32_t* row_offsets;
   const int32_t* col_indices;
-  void* bias_grad;     // (N,) in T (splits == 1), or nullptr
-  float* bias_grad_f32;  // (N,) fp32, zeroed (splits > 1), or nullptr
+  void* bias_grad;     // (N,) in T, or nullptr
+  float* bias_grad_f32;  // (N,) fp32, zeroed (sums_f32), or nullptr
   int64_t m;
-  int splits;
+  int splits;          // grid.z: pieces of M per item
+  bool sums_f32;       // splits > 1 summed by TMA reductions into out_map / bias_grad_f32 (blocks of 64)
+  bool split_pieces;   // splits > 1 summed in the kernel like the tail pieces (blocks of 128; the host uses it
+                       // for 2): tail_ws holds W x splits pieces, tail_counters W items (W: working CTAs per split)
   int full_slots;      // n_block_cols / kChunk: grid.y = item_slots + tail_slots
   int item_slots;      // full_slots + kChunk - 1 (+ 1 with the bias gradient)
   bool with_bias;
@@ -298,7 +305,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::Sha
     for (int i = 0; i < size(bias_acc); ++i) {
       if (get<1>(bias_coord(i)) == 0) {
         const int feature = row * B + a_tile * 64 + get<0>(bias_coord(i));
-        if (p.splits == 1) {
+        if (!p.sums_f32) {
           static_cast<T*>(p.bias_grad)[feature] = T(bias_acc(i));
         } else {
           atomicAdd(p.bias_grad_f32 + feature, bias_acc(i));
@@ -309,7 +316,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::Sha
   if constexpr (!kBlocks) return;
 
   // Store: accumulator (f, n) -> block j = n / B' of the chunk, element (f', k) of it.
-  if (p.splits == 1) {
+  if (!p.sums_f32) {
     // Stage buffers -> out by TMA: 64-column group g of the tile is one 64 x 64 box of `data`.
     if (!stages_idle) cutlass::arch::NamedBarrier::sync(128 * consumers, 1);  // every wgmma has read its stages
     T* staged = reinterpret_cast<T*>(&sh.stages[0]) + h * 64 * 256;
@@ -390,7 +397,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_cons
   if (!tail_cta && !RowSlots<C>(p, __ldg(p.row_offsets + row + 1) - __ldg(p.row_offsets + row)).works(slot)) {
     return;  // most CTAs of the grid: uniform for the whole CTA
   }
-  if (Cfg::Block == 128 && p.tail_slots > 0) {
+  if (Cfg::Block == 128 && p.split_pieces) {
+    // Piece blockIdx.z of item `rank` (the CTA's place among the working CTAs of one split, < W).
+    if (threadIdx.x < 32) {
+      int total, rank;
+      count_working<C>(p, row, slot, total, rank);
+      if (threadIdx.x == 0) sh.tail[0] = rank;
+    }
+    __syncthreads();
+    tail_item = sh.tail[0];
+    piece = int(blockIdx.z);
+    pieces = p.splits;
+  } else if (Cfg::Block == 128 && p.tail_slots > 0) {
     // Warp 0 counts the working CTAs W = q x sms + e: the last e (in dispatch order) give up their item to
     // e x pieces tail pieces (pieces <= sms / e, each >= kTailMinSteps token steps), which run as one wave.
     if (threadIdx.x < 32) {
@@ -445,7 +463,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_cons
     count = rest;
     sums_bias = p.with_bias && full_chunks == 0;
   }
-  // This CTA's token steps: a split of M (grid.z), or a tail piece's share.
+  // This CTA's token steps: a split of M (grid.z), or a tail piece's share (pieces of a split alike).
   int step_begin, step_end;
   if (tail_item >= 0) {
     step_begin = int(int64_t(steps) * piece / pieces);
@@ -530,13 +548,18 @@ cudaError_t launch(const void* dy, const void* x, int64_t m, int n_block_rows, i
                                         ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                         : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   KernelParams p;
+  // A split of M sums into a zeroed fp32 workspace (out_f32) or, with blocks of 128, in the kernel's pieces
+  // (tail_ws and tail_counters sized for them by the caller).
+  p.sums_f32 = splits > 1 && out_f32 != nullptr;
+  p.split_pieces = splits > 1 && out_f32 == nullptr;
+  if (p.split_pieces && (B != 128 || tail_ws == nullptr || tail_counters == nullptr)) return cudaErrorInvalidValue;
   cudaError_t err = sm90ws::encode_2d_map(&p.dy_map, dtype, dy, uint64_t(n_block_rows) * B, uint64_t(m), 64,
                                           Cfg::BK);
   if (err != cudaSuccess) return err;
   err = sm90ws::encode_2d_map(&p.x_map, dtype, x, uint64_t(n_block_cols) * B, uint64_t(m), 64, Cfg::BK);
   if (err != cudaSuccess) return err;
   if (nnz > 0) {
-    err = splits == 1 ? sm90ws::encode_2d_map(&p.out_map, dtype, out, B, uint64_t(nnz) * B, 64, 64)
+    err = !p.sums_f32 ? sm90ws::encode_2d_map(&p.out_map, dtype, out, B, uint64_t(nnz) * B, 64, 64)
                       : sm90ws::encode_2d_map(&p.out_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, out_f32, B,
                                               uint64_t(nnz) * B, 32, 64, 4);
     if (err != cudaSuccess) return err;

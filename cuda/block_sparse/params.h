@@ -59,16 +59,16 @@ struct DdsParams {
 };
 
 // dW_b [nnz, B, B] = dy^T x on the kept blocks, reduced over M. One CTA per (kept block, split of M).
-// With splits > 1 the partial sums are added atomically into `out_f32` (zeroed by the caller), else written
-// to `out` in the input dtype. The Hopper sdd also sums dy over M (the bias gradient) when given
+// With splits > 1 the partial sums are added atomically into `out_f32` (zeroed by the caller), or, by the
+// Hopper sdd with blocks of 128, summed in the kernel (see tail_ws); else written to `out` in the input dtype. The Hopper sdd also sums dy over M (the bias gradient) when given
 // `bias_grad` / `bias_grad_f32` (same rule); the SM80 one ignores them.
 struct SddParams {
   const void* dy;           // (M, N)
   const void* x;            // (M, K)
-  void* out;                // [nnz, B, B] in the input dtype (splits == 1)
-  float* out_f32;           // [nnz, B, B] fp32, zeroed (splits > 1)
-  void* bias_grad;          // (N,) in the input dtype (splits == 1), or nullptr
-  float* bias_grad_f32;     // (N,) fp32, zeroed (splits > 1), or nullptr
+  void* out;                // [nnz, B, B] in the input dtype (splits == 1, or summed in the kernel)
+  float* out_f32;           // [nnz, B, B] fp32, zeroed (splits > 1 summed atomically), or nullptr
+  void* bias_grad;          // (N,) in the input dtype (as out), or nullptr
+  float* bias_grad_f32;     // (N,) fp32, zeroed (as out_f32), or nullptr
   const int32_t* row_offsets;  // [R + 1]
   const int32_t* row_indices;  // [nnz]
   const int32_t* col_indices;  // [nnz]
@@ -81,6 +81,9 @@ struct SddParams {
   // Hopper sdd, splits == 1: the tail split (kernel_sm90_sdd.cuh). sms: CTAs per wave; tail_ws: fp32 workspace of
   // sdd_sm90_tail_floats(sms) floats; tail_counters: sdd_sm90_tail_counters(sms) ints, zero
   // at the launch and left zeroed by the kernel. nullptr: off.
+  // Hopper sdd, blocks of 128, splits > 1 and out_f32 == nullptr: the pieces are summed in the kernel, tail_ws
+  // holds sdd_sm90_piece_floats(items x splits) floats and tail_counters 2 x items ints (items:
+  // sdd_sm90_split_items); out and bias_grad in the input dtype.
   int sms = 0;
   float* tail_ws = nullptr;
   int* tail_counters = nullptr;
@@ -104,8 +107,12 @@ template <DType D> cudaError_t launch_sdd_sm90(const SddParams& p, cudaStream_t 
 inline int sdd_sm90_chunk(int block) { return block == 64 ? 8 : 2; }
 // The tail split's workspace: per piece (at most `sms`) and consumer, 128 threads x 132 fp32 values, and one
 // counter per tail item (at most `sms`) and consumer.
-inline int64_t sdd_sm90_tail_floats(int64_t sms) { return sms * 2 * 132 * 128; }
+inline int64_t sdd_sm90_piece_floats(int64_t pieces) { return pieces * 2 * 132 * 128; }
+inline int64_t sdd_sm90_tail_floats(int64_t sms) { return sdd_sm90_piece_floats(sms); }
 inline int64_t sdd_sm90_tail_counters(int64_t sms) { return sms * 2; }
+// A split of M with blocks of 128 sums its pieces like the tail split: at most nnz / 2 + R working CTAs per
+// split (a row's chunks of 2 blocks, or its bias CTA), each with `splits` pieces in the workspace.
+inline int64_t sdd_sm90_split_items(int64_t nnz, int64_t n_block_rows) { return nnz / 2 + n_block_rows + 1; }
 
 // Number of k-tiles along M of one sdd block, for choosing `splits` (BK depends on the block size).
 int sdd_k_tile_rows(int block);
