@@ -361,6 +361,27 @@ def test_hopper_path_at_every_m(case):
         _ops.set_hopper_few_rows_split(previous_few_rows)
 
 
+def _sdd_calls_on_two_streams(dy, x, index, block_shape, blocks_shape):
+    """Four calls of the sdd and of the sdd with the bias sum, the last on another stream, each output landing
+    in a freed NaN-filled block of its size (an item left unstored cannot pass as an old result); yields
+    (dw, dw with the bias sum, bias gradient) per call."""
+    def poisoned(fn):
+        junk = [torch.full(blocks_shape, float("nan"), device="cuda", dtype=dy.dtype),
+                torch.full((dy.shape[1],), float("nan"), device="cuda", dtype=dy.dtype)]
+        del junk
+        return fn()
+
+    side = torch.cuda.Stream()
+    for call in range(4):
+        stream = side if call == 3 else torch.cuda.current_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            dw = poisoned(lambda: OPS.sdd(dy, x, *index, block_shape))
+            dw_fused, db = poisoned(lambda: OPS.sdd_with_bias_grad(dy, x, *index, block_shape))
+        torch.cuda.current_stream().wait_stream(stream)
+        yield dw, dw_fused, db
+
+
 def _hopper_sdd_splits_128(ctas, sms, steps):
     """The split of M that bindings.cpp (sdd_sm90_splits) gives the Hopper sdd with blocks of 128."""
     most = max(1, min(steps // 16, 64))
@@ -422,22 +443,8 @@ def test_hopper_sdd_split_pieces(density, empty_rows, m, n, k, dtype):
     torch_dw = (dy.t() @ x).reshape(rows, block, cols, block).transpose(1, 2)[w.row_indices.long(),
                                                                               w.col_indices.long()]
     ref = reference.sdd(dy.float(), x.float(), *index, bshape)
-
-    def poisoned(fn):
-        junk = [torch.full(w.data.shape, float("nan"), device="cuda", dtype=dtype),
-                torch.full((rows * block,), float("nan"), device="cuda", dtype=dtype)]
-        del junk
-        return fn()
-
-    side = torch.cuda.Stream()
     first = None
-    for call in range(4):
-        stream = side if call == 3 else torch.cuda.current_stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            dw = poisoned(lambda: OPS.sdd(dy, x, *index, bshape))
-            dw_fused, db = poisoned(lambda: OPS.sdd_with_bias_grad(dy, x, *index, bshape))
-        torch.cuda.current_stream().wait_stream(stream)
+    for dw, dw_fused, db in _sdd_calls_on_two_streams(dy, x, index, bshape, w.data.shape):
         assert_like_torch("sdd, split pieces", dw, ref, torch_dw)
         assert_like_torch("sdd with bias, split pieces", dw_fused, ref, torch_dw)
         assert_like_torch("bias gradient, split pieces", db, dy.float().sum(0), dy.sum(0))
@@ -486,21 +493,7 @@ def test_hopper_sdd_tail_split(density, empty_rows, dtype):
     finally:
         _C.set_hopper_sdd_tail_split(previous)
     assert previous  # on by default
-
-    def poisoned(fn):
-        junk = [torch.full(w.data.shape, float("nan"), device="cuda", dtype=dtype),
-                torch.full((4096,), float("nan"), device="cuda", dtype=dtype)]
-        del junk
-        return fn()
-
-    side = torch.cuda.Stream()
-    for call in range(4):
-        stream = side if call == 3 else torch.cuda.current_stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            dw = poisoned(lambda: OPS.sdd(dy, x, *index, bshape))
-            dw_fused, db = poisoned(lambda: OPS.sdd_with_bias_grad(dy, x, *index, bshape))
-        torch.cuda.current_stream().wait_stream(stream)
+    for dw, dw_fused, db in _sdd_calls_on_two_streams(dy, x, index, bshape, w.data.shape):
         assert_like_torch("sdd, tail split", dw, ref, torch_dw)
         assert_like_torch("sdd with bias, tail split", dw_fused, ref, torch_dw)
         assert_like_torch("bias gradient, tail split", db, dy.float().sum(0), dy.sum(0))
