@@ -60,8 +60,9 @@ struct DdsParams {
 
 // dW_b [nnz, B, B] = dy^T x on the kept blocks, reduced over M. One CTA per (kept block, split of M).
 // With splits > 1 the partial sums are added atomically into `out_f32` (zeroed by the caller), or, by the
-// Hopper sdd with blocks of 128, summed in the kernel (see tail_ws); else written to `out` in the input dtype. The Hopper sdd also sums dy over M (the bias gradient) when given
-// `bias_grad` / `bias_grad_f32` (same rule); the SM80 one ignores them.
+// Hopper sdd with blocks of 128, summed in the kernel (see tail_ws); else written to `out` in the input dtype.
+// The Hopper sdd also sums dy over M (the bias gradient) when given `bias_grad` / `bias_grad_f32` (same rule);
+// the SM80 one ignores them.
 struct SddParams {
   const void* dy;           // (M, N)
   const void* x;            // (M, K)
