@@ -132,9 +132,12 @@ struct Config {
     uint64_t full[kStages];
     uint64_t empty[kStages];
     int flags[kStages];  // bit h: consumer h has a W tile in this stage; bit 2: last stage of its tile
-    uint64_t tile_full[kTileSlots];
+    uint64_t tile_full[kTileSlots];  // warp 0 -> warp 1: the tile numbers
     uint64_t tile_empty[kTileSlots];
     int tile_ids[kTileSlots];  // >= n_tiles: no more tiles
+    uint64_t lines_full[kTileSlots];  // warp 1 -> the consumers: the tile with its lines (see TileLines)
+    uint64_t lines_empty[kTileSlots];
+    int tile_lines[kTileSlots][4];
     cute::conditional_t<(kSplit > 1), SplitExchange, NoSplit> split;  // last: the other layouts stay as they were
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + alignment slack
@@ -386,6 +389,24 @@ __device__ __forceinline__ int window_key(const KernelParams& p, LineWindow& w, 
 // One instantiation per warp (kWarp = 0 or 1), so that each warp's loop carries none of the other's code: the
 // few-rows tiles (one or two per CTA, latency-bound) 2-6 % faster with a split of 2 and 16-20 % for blocks of 64
 // without, the 256-token dsd / dds 0.4-1.5 % (H100 A/Bs, benchmarks/results/ab_*per_warp_producer_*.txt).
+// The tile as warp 1 posts it to the consumers, who then need no global load of their own before the first stage
+// (they read the order and the offsets, two dependent loads of ~0.2-0.5 us under load, at every tile change):
+// the tile number, its lines, and their count | 4 if any of them has a block (else the producer makes no stage).
+template <class Cfg>
+__device__ __forceinline__ void post_tile_lines(typename Cfg::SharedStorage& sh, int n, int tile, const int (&line)[2],
+                                                int lines, bool any_block) {
+  using Barrier = cutlass::arch::ClusterBarrier;
+  const int q = n % Cfg::kTileSlots;
+  Barrier::wait(&sh.lines_empty[q], ((n / Cfg::kTileSlots) & 1) ^ 1);
+  if (threadIdx.x % 32 == 0) {
+    sh.tile_lines[q][0] = tile;
+    sh.tile_lines[q][1] = line[0];
+    sh.tile_lines[q][2] = line[1];
+    sh.tile_lines[q][3] = lines | (int(any_block) << 2);
+    Barrier::arrive(&sh.lines_full[q]);
+  }
+}
+
 template <class Cfg, int kWarp>
 __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::SharedStorage& sh) {
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -434,7 +455,10 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
       tile = *reinterpret_cast<volatile int*>(&sh.tile_ids[q]);
       Barrier::arrive(&sh.tile_empty[q]);
     }
-    if (tile >= p.n_tiles) break;
+    if (tile >= p.n_tiles) {
+      if constexpr (warp == 1) post_tile_lines<Cfg>(sh, n, tile, {0, 0}, 0, false);
+      break;
+    }
     // Lane 0 of warp 0 takes the next unit when at most 2 stages of this tile are left to issue (its other
     // lanes read it at the tile's end): late enough that the counter hands units to the SMs that are about to
     // need them (taken at a tile's start, as before session 11, SMs finished up to a tile apart: H100 trace),
@@ -457,9 +481,11 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
         int end1 = 0;
         if (lines == 2) e1 = __ldg(p.offsets + line[1]), end1 = __ldg(p.offsets + line[1] + 1);
         w1 = open_window(p, e1, end1, lane);
+        if constexpr (warp == 1) post_tile_lines<Cfg>(sh, n, tile, line, lines, w0.end > e0 || end1 > e1);
       } else {
         int first[2] = {__ldg(p.offsets + line[0]), 0}, last[2] = {__ldg(p.offsets + line[0] + 1), 0};
         if (lines == 2) first[1] = __ldg(p.offsets + line[1]), last[1] = __ldg(p.offsets + line[1] + 1);
+        if constexpr (warp == 1) post_tile_lines<Cfg>(sh, n, tile, line, lines, true);  // a stage in every tile
         clip_to_keys<Cfg>(p, first, last, key_lo, key_hi, lane);
         e0 = first[0], e1 = first[1];
         w0 = open_window(p, e0, last[0], lane);
@@ -487,10 +513,12 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
       }
     } else {
       int first[1] = {__ldg(p.offsets + line[0])}, last[1] = {__ldg(p.offsets + line[0] + 1)};
+      const bool any_block = Cfg::kSplit > 1 || last[0] > first[0];
       clip_to_keys<Cfg>(p, first, last, key_lo, key_hi, lane);  // nothing without a split
       const int begin = first[0], end = last[0];
       if (Cfg::kSplit > 1 && begin == end) next_stage(4, 0, false);  // see above
       LineWindow w = open_window(p, begin, end, lane);
+      if constexpr (warp == 1) post_tile_lines<Cfg>(sh, n, tile, line, 1, any_block);
       claim(2 * (end - begin));
       for (int e = begin; e < end; ++e) {
         int slot;
@@ -539,7 +567,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
   if (threadIdx.x == 0) {
     for (int q = 0; q < Cfg::kTileSlots; ++q) {
       Barrier::init(&sh.tile_full[q], 1);
-      Barrier::init(&sh.tile_empty[q], 256 + 32);  // both consumers and the W-issuing producer warp
+      Barrier::init(&sh.tile_empty[q], 32);  // the W-issuing producer warp
+      Barrier::init(&sh.lines_full[q], 1);
+      Barrier::init(&sh.lines_empty[q], 256);  // both consumers
     }
     if constexpr (Cfg::kSplit > 1) {
       for (int c = 0; c < 2; ++c) {  // every thread of consumer c in each other CTA arrives once per tile
@@ -595,17 +625,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
   const int rank = Cfg::kSplit > 1 ? int(cute::block_rank_in_cluster()) : 0;
   for (int n = 0;; ++n) {
     const int q = n % Cfg::kTileSlots;
-    Barrier::wait(&sh.tile_full[q], (n / Cfg::kTileSlots) & 1);
-    const int tile = *reinterpret_cast<volatile int*>(&sh.tile_ids[q]);
-    Barrier::arrive(&sh.tile_empty[q]);
+    Barrier::wait(&sh.lines_full[q], (n / Cfg::kTileSlots) & 1);
+    const volatile int* posted = sh.tile_lines[q];
+    const int tile = posted[0];
+    const int line[2] = {posted[1], posted[2]};
+    const int lines = posted[3] & 3;
+    const bool any_block = posted[3] & 4;  // else the producer made no stage
+    Barrier::arrive(&sh.lines_empty[q]);
     if (tile >= p.n_tiles) break;
-    const int group = tile % p.n_groups, token0 = tile / p.n_groups * Cfg::kTokens;
-    int line[2];
-    const int lines = group_lines<Cfg>(p, group, line);
+    const int token0 = tile / p.n_groups * Cfg::kTokens;
     clear(acc);
-    const bool any_block = Cfg::kSplit > 1 ||  // a split's producer makes a stage for every tile
-                           __ldg(p.offsets + line[0] + 1) > __ldg(p.offsets + line[0]) ||
-                           (lines == 2 && __ldg(p.offsets + line[1] + 1) > __ldg(p.offsets + line[1]));
     if (any_block) {  // else the producer made no stage
       int pending = -1;  // stage whose wgmma may still be reading shared memory
       for (;; ++it) {
