@@ -1,0 +1,131 @@
+"""Per-tile timeline of the Hopper 256-token dsd / dds (8192 x 4096 -> 4096, bf16): when each consumer gets a
+tile, gets its first data, finishes its mainloop and each part of its epilogue (the dsd with a bias, as the
+layer calls it); from that the end's imbalance (how long the SMs wait for the last one), the tile change, and
+the time per stage.
+
+The kernel records nothing by default. To trace, apply the profiling patch, rebuild, run, and revert:
+
+    git apply benchmarks/profile/ws_tile_trace.patch && pip install --no-build-isolation --no-deps -e .
+    python benchmarks/profile/trace_tiles.py OUT_DIR      # writes OUT_DIR/tile_trace.txt
+    git apply -R benchmarks/profile/ws_tile_trace.patch
+
+The patch applies to a9a896d (session 23). (`ws_trace.patch` / `trace_ws.py` are session 8-11's per-stage trace,
+written for an older producer.)
+"""
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+from pytorch_block_sparse_ng import BlockSparseMatrix, _C  # noqa: E402
+
+TRACE_TILES, FIELDS = 64, 9  # kTraceTiles and the stamps per tile and consumer in the patch (kTraceFields)
+CASES = (("dsd", 128, 0.5), ("dsd", 128, 0.25), ("dsd", 128, 0.1), ("dsd", 128, 1.0), ("dsd", 64, 0.5),
+         ("dds", 128, 0.5))
+LAUNCHES = 2  # traced launches per case, each summarised
+
+
+def pct(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def med(values):
+    return f"{statistics.median(values):.0f}" if values else "-"
+
+
+def summarize(trace, sms):
+    """One traced launch: the end's imbalance, the tile change and the time per stage (us)."""
+    rows = trace.view(sms, TRACE_TILES, 2, FIELDS).cpu().tolist()
+    ctas = []  # per CTA: its tiles as (tile, got, first, done, stored, stages) of consumer 0, and consumer 1's
+    for cta in rows:
+        tiles = [(c0, c1) for c0, c1 in cta if c0[0]]
+        if tiles:
+            ctas.append(tiles)
+    start = min(min(c0[1], c1[1]) for c0, c1 in (t[0] for t in ctas))
+    ends = [max(max(c0[4], c1[4]) for c0, c1 in tiles) for tiles in ctas]
+    span = max(ends) - start
+    idle = [(max(ends) - e) / 1e3 for e in ends]
+    busy = sum(e - start for e in ends) / len(ends)
+    change, first_wait, epilogue, per_stage = [], [], [], []
+    rounding, part0, part1_wait, part1 = [], [], [], []
+    last_stages, last_len = [], []
+    for tiles in ctas:
+        for n, (c0, c1) in enumerate(tiles):
+            for c in (c0, c1):
+                if c[2] and c[5]:
+                    per_stage.append((c[3] - c[2]) / c[5])
+                    first_wait.append(c[2] - c[1])
+                epilogue.append(c[4] - c[3])
+                if c[6] and c[7]:
+                    rounding.append(c[6] - c[3])  # the previous tile's store read, the bias, the rounding
+                    part0.append(c[7] - c[6])  # stmatrix, fence, barrier, TMA store issue
+                    if c[8]:
+                        part1_wait.append(c[8] - c[7])  # part 0's store has read shared memory
+                        part1.append(c[4] - c[8])
+            if n + 1 < len(tiles):
+                nxt = tiles[n + 1]
+                change.append(max(nxt[0][2], nxt[1][2]) - max(c0[3], c1[3]))  # last wgmma -> next first data
+        c0, c1 = tiles[-1]
+        last_stages.append(c0[5])
+        last_len.append((max(c0[4], c1[4]) - c0[1]) / 1e3)
+    n_tiles = sum(len(t) for t in ctas)
+    return (f"span {span / 1e3:.1f} us, {len(ctas)} CTAs, {n_tiles} tiles ({n_tiles / len(ctas):.2f} per CTA); "
+            f"end's imbalance: CTAs idle {sum(idle) / len(idle) / (span / 1e3):.3f} of the span on average "
+            f"(median {statistics.median(idle):.1f} us, p90 {pct(idle, 0.9):.1f}, max {max(idle):.1f}); "
+            f"balanced end would be {busy / span:.3f} of the span\n"
+            f"    per stage (first data -> last wgmma / stages) median {statistics.median(per_stage):.0f} ns; "
+            f"first wait of a tile median {statistics.median(first_wait):.0f} ns (p90 {pct(first_wait, 0.9):.0f}); "
+            f"epilogue (last wgmma -> last store issued) median {statistics.median(epilogue):.0f} ns "
+            f"(p90 {pct(epilogue, 0.9):.0f}); tile change (last wgmma -> next tile's first data) median "
+            f"{statistics.median(change) if change else 0:.0f} ns (p90 {pct(change, 0.9):.0f})\n"
+            f"    epilogue parts, median ns: wait + bias + rounding {med(rounding)}, part 0 written and its store "
+            f"issued {med(part0)}, wait for part 0's store to read shared memory {med(part1_wait)} (p90 "
+            f"{pct(part1_wait, 0.9):.0f}), part 1 {med(part1)}\n"
+            f"    last tile per CTA: stages median {statistics.median(last_stages)} (min {min(last_stages)}, "
+            f"max {max(last_stages)}), length median {statistics.median(last_len):.1f} us (max {max(last_len):.1f})")
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "."
+    os.makedirs(out, exist_ok=True)
+    m, k, n = 8192, 4096, 4096
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)  # the layer's dsd adds one
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    trace = torch.zeros(sms * TRACE_TILES * 2 * FIELDS, dtype=torch.int64, device="cuda")
+    report = [f"{torch.cuda.get_device_name()}, bf16 {m} x {k} -> {n}, {LAUNCHES} traced launches per case"]
+    for op, block, density in CASES:
+        torch.manual_seed(0)
+        mat = BlockSparseMatrix.randn((n, k), density=density, block_shape=(block, block), dtype=torch.bfloat16,
+                                      device="cuda")
+        data, index = mat.data.detach(), mat.indices()
+        run = {"dsd": lambda: _C.dsd(x, data, bias, *index), "dds": lambda: _C.dds(dy, data, *index)}[op]
+        for _ in range(5):
+            run()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            run()
+        stop.record()
+        torch.cuda.synchronize()
+        report.append(f"{op} block {block} density {density}: untraced {start.elapsed_time(stop) / 20 * 1e3:.1f} us "
+                      f"per call")
+        for _ in range(LAUNCHES):
+            trace.zero_()
+            os.environ["PBSNG_WS_TRACE"] = str(trace.data_ptr())
+            run()
+            torch.cuda.synchronize()
+            os.environ.pop("PBSNG_WS_TRACE")
+            report.append("  " + summarize(trace, sms))
+        print("\n".join(report[-1 - LAUNCHES:]), flush=True)
+    with open(os.path.join(out, "tile_trace.txt"), "w") as f:
+        f.write("\n".join(report) + "\n")
+
+
+if __name__ == "__main__":
+    main()
