@@ -12,8 +12,8 @@
 // flight share activation rows in L2; the last token tiles group-major, longest first: see tile_of) with
 // three warpgroups: its first tile is blockIdx.x, the next ones it takes from a global counter near the end
 // of its current tile (tiles differ in cost with their lines' block counts; a fixed round-robin left SMs idle
-// at the end) or round-robin (a knob), and hands each tile's number to the consumers through a small mbarrier
-// queue in shared memory.
+// at the end) or round-robin (a knob), and hands each tile's number to producer warp 1, which posts it with its
+// lines to the consumers (two small mbarrier queues in shared memory).
 // Two warps of warpgroup 0 walk the block lists and issue the TMA loads (activation and W tiles from one warp
 // each) into 3 or 4 stages (4 by default: more bytes in flight measured 3-7 % faster), running ahead into the
 // next tile while the consumers finish the current one; the two consumer warpgroups own 64 features each:
