@@ -331,14 +331,19 @@ int64_t set_hopper_few_rows_split(int64_t split) {
 // cells, M = 96-768: session 18's rule 1.055x the best in sum, this one 1.016x; 328 other cells, M = 80-1792 and two
 // more shapes: 1.077x and 1.008x). Most of the gain is at 768 rows and more on narrow outputs, which the row limit
 // of 768 had excluded (4096 -> 1024 at M = 768: 1.4-2.4x the few-rows tiles' time).
-constexpr int64_t kFewRowsMaxRows = 2048;  // measured up to 1792 rows
+// From 2048 rows (session 23: 240 cells, M = 2048 / 3072 / 4096, five shapes up to 8192 -> 2048, both products,
+// dsd_mid_rows_*.txt) only where the tiles fit on the SMs: narrow outputs (<= 1024 features at M = 2048), where the
+// 256-token kernel has a tile for every second SM, took 1.25-1.7x the few-rows tiles' time (8 cells per product);
+// on up to twice the SMs (2048 -> 8192 at M = 2048) the few-rows tiles took up to 1.2-1.3x the 256-token kernel's.
+// Over the 240 cells the default path now takes 1.003x the best path's time in sum (before: 1.012x).
+constexpr int64_t kFewRowsMaxRows = 2048;  // from here only tiles that fit on the SMs (see above)
 constexpr int64_t kFewRowsMinRowsBlock64Dsd = 256;
 enum class Product { kDsd, kDds };
 int few_rows_split_for(Product product, int device, int block, int64_t m, int64_t nnz, int64_t cells, int64_t tiles,
                        int64_t steps, int64_t sms) {
   if (nnz <= 0 || g_few_rows_split == 0 || !hopper_device(device, block)) return 0;
   if (g_few_rows_split > 0) return int(g_few_rows_split);
-  if (m >= kFewRowsMaxRows) return 0;
+  if (m >= kFewRowsMaxRows && tiles > sms) return 0;
   if (block == 128) {
     if (tiles <= sms) return 2 * tiles <= sms && steps >= 24 ? 2 : 1;
     return tiles <= 2 * sms && 2 * nnz <= cells ? 1 : 0;
