@@ -335,7 +335,8 @@ int64_t set_hopper_few_rows_split(int64_t split) {
 // dsd_mid_rows_*.txt) only where the tiles fit on the SMs: narrow outputs (<= 1024 features at M = 2048), where the
 // 256-token kernel has a tile for every second SM, took 1.25-1.7x the few-rows tiles' time (8 cells per product);
 // on up to twice the SMs (2048 -> 8192 at M = 2048) the few-rows tiles took up to 1.2-1.3x the 256-token kernel's.
-// Over the 240 cells the default path now takes 1.003x the best path's time in sum (before: 1.012x).
+// Over those cells the default path would take 1.003x the best path's time in sum (before: 1.012x); checked on
+// 192 more (outputs of 256 features too, M up to 8192): 1.005x / 1.013x for the dds / dsd (before: 1.14x / 1.12x).
 constexpr int64_t kFewRowsMaxRows = 2048;  // from here only tiles that fit on the SMs (see above)
 constexpr int64_t kFewRowsMinRowsBlock64Dsd = 256;
 enum class Product { kDsd, kDds };
