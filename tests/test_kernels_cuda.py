@@ -263,6 +263,22 @@ def test_hopper_few_rows_dsd_and_dds(case):
         _ops.set_decode_max_rows(previous_decode)
 
 
+# From 2048 rows the default path takes the few-rows tiles only where they fit on the SMs: narrow outputs (dsd)
+# or narrow inputs (dds, whose lines are the input features), partial token tiles (2100), up to M = 8192.
+PAST_2047_GRID = [Case(m, i, o, d, b, DTYPES[j % 2])
+                  for j, (m, i, o, d, b) in enumerate((m, i, o, d, b)
+                                                      for (m, i, o) in ((2100, 4096, 256), (2048, 256, 2048),
+                                                                        (8192, 1024, 256), (2100, 1024, 1024))
+                                                      for d in (0.1, 1.0) for b in (64, 128))]
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.parametrize("case", PAST_2047_GRID, ids=case_id)
+def test_default_path_past_2047_rows_on_narrow_products(case):
+    _check_products("default path", case, *_product_case(case, 7))
+
+
 @pytest.mark.cuda
 @requires_kernels
 @pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
