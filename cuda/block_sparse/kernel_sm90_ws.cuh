@@ -135,7 +135,7 @@ struct Config {
     uint64_t tile_full[kTileSlots];  // warp 0 -> warp 1: the tile numbers
     uint64_t tile_empty[kTileSlots];
     int tile_ids[kTileSlots];  // >= n_tiles: no more tiles
-    uint64_t lines_full[kTileSlots];  // warp 1 -> the consumers: the tile with its lines (see TileLines)
+    uint64_t lines_full[kTileSlots];  // warp 1 -> the consumers: the tile with its lines (post_tile_lines)
     uint64_t lines_empty[kTileSlots];
     int tile_lines[kTileSlots][4];
     cute::conditional_t<(kSplit > 1), SplitExchange, NoSplit> split;  // last: the other layouts stay as they were
@@ -392,14 +392,6 @@ __device__ __forceinline__ int window_key(const KernelParams& p, LineWindow& w, 
   return e < w.end ? key : INT_MAX;
 }
 
-// The producer: warps 0 and 1 of warpgroup 0. Both walk the block lists (see LineWindow) and wait for the same
-// free slots; lane 0 of warp 0 hands out the tiles, arms each stage's barrier and loads the activation tile,
-// lane 0 of warp 1 loads the W tiles (it follows warp 0's tiles through the tile queue). The TMA issue itself
-// is slow when the memory system is busy (~0.1 us per instruction, H100 trace), and issuing from two warps
-// made the block 64 dsd / dds 1-3 % faster (H100 A/B, benchmarks/results/ab_split_issue_*.txt).
-// One instantiation per warp (kWarp = 0 or 1), so that each warp's loop carries none of the other's code: the
-// few-rows tiles (one or two per CTA, latency-bound) 2-6 % faster with a split of 2 and 16-20 % for blocks of 64
-// without, the 256-token dsd / dds 0.4-1.5 % (H100 A/Bs, benchmarks/results/ab_*per_warp_producer_*.txt).
 // The tile as warp 1 posts it to the consumers, who then need no global load of their own before the first stage
 // (they read the order and the offsets, two dependent loads of ~0.2-0.5 us under load, at every tile change):
 // the tile number, its lines, and their count | 4 if any of them has a block (else the producer makes no stage).
@@ -418,6 +410,15 @@ __device__ __forceinline__ void post_tile_lines(typename Cfg::SharedStorage& sh,
   }
 }
 
+// The producer: warps 0 and 1 of warpgroup 0. Both walk the block lists (see LineWindow) and wait for the same
+// free slots; lane 0 of warp 0 hands out the tiles, arms each stage's barrier and loads the activation tile,
+// lane 0 of warp 1 loads the W tiles (it follows warp 0's tiles through the tile queue, and posts each with its
+// lines to the consumers). The TMA issue itself is slow when the memory system is busy (~0.1 us per
+// instruction, H100 trace), and issuing from two warps made the block 64 dsd / dds 1-3 % faster (H100 A/B,
+// benchmarks/results/ab_split_issue_*.txt).
+// One instantiation per warp (kWarp = 0 or 1), so that each warp's loop carries none of the other's code: the
+// few-rows tiles (one or two per CTA, latency-bound) 2-6 % faster with a split of 2 and 16-20 % for blocks of 64
+// without, the 256-token dsd / dds 0.4-1.5 % (H100 A/Bs, benchmarks/results/ab_*per_warp_producer_*.txt).
 template <class Cfg, int kWarp>
 __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::SharedStorage& sh) {
   using Barrier = cutlass::arch::ClusterBarrier;
