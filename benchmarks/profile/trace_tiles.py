@@ -33,6 +33,31 @@ def pct(values, q):
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
+def product_call(op, block, density, x, dy, bias):
+    """The Hopper dsd (with `bias`) or dds of a fresh random pattern (seed 0) of an (N, K) bf16 weight, as a
+    function of no arguments. Shared with trace_ws.py."""
+    torch.manual_seed(0)
+    n, k = dy.shape[1], x.shape[1]
+    mat = BlockSparseMatrix.randn((n, k), density=density, block_shape=(block, block), dtype=torch.bfloat16,
+                                  device="cuda")
+    data, index = mat.data.detach(), mat.indices()
+    return {"dsd": lambda: _C.dsd(x, data, bias, *index), "dds": lambda: _C.dds(dy, data, *index)}[op]
+
+
+def traced_launch(run, trace, **env):
+    """One launch of `run` recording into `trace` (zeroed first) through the profiling patch, with any other
+    PBSNG_* variables the patch reads set for it. Shared with trace_ws.py."""
+    trace.zero_()
+    env = {"PBSNG_WS_TRACE": str(trace.data_ptr()), **env}
+    os.environ.update(env)
+    try:
+        run()
+        torch.cuda.synchronize()
+    finally:
+        for key in env:
+            os.environ.pop(key)
+
+
 def med(values):
     return f"{statistics.median(values):.0f}" if values else "-"
 
@@ -100,11 +125,7 @@ def main():
     trace = torch.zeros(sms * TRACE_TILES * 2 * FIELDS, dtype=torch.int64, device="cuda")
     report = [f"{torch.cuda.get_device_name()}, bf16 {m} x {k} -> {n}, {LAUNCHES} traced launches per case"]
     for op, block, density in CASES:
-        torch.manual_seed(0)
-        mat = BlockSparseMatrix.randn((n, k), density=density, block_shape=(block, block), dtype=torch.bfloat16,
-                                      device="cuda")
-        data, index = mat.data.detach(), mat.indices()
-        run = {"dsd": lambda: _C.dsd(x, data, bias, *index), "dds": lambda: _C.dds(dy, data, *index)}[op]
+        run = product_call(op, block, density, x, dy, bias)
         for _ in range(5):
             run()
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -116,11 +137,7 @@ def main():
         report.append(f"{op} block {block} density {density}: untraced {start.elapsed_time(stop) / 20 * 1e3:.1f} us "
                       f"per call")
         for _ in range(LAUNCHES):
-            trace.zero_()
-            os.environ["PBSNG_WS_TRACE"] = str(trace.data_ptr())
-            run()
-            torch.cuda.synchronize()
-            os.environ.pop("PBSNG_WS_TRACE")
+            traced_launch(run, trace)
             report.append("  " + summarize(trace, sms))
         print("\n".join(report[-1 - LAUNCHES:]), flush=True)
     with open(os.path.join(out, "tile_trace.txt"), "w") as f:

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-from pytorch_block_sparse_ng import BlockSparseMatrix, _C  # noqa: E402
+from trace_tiles import product_call, traced_launch  # noqa: E402
 
 TRACE_STAGES, FIELDS = 640, 12  # kTraceStages and the stamps per stage in the patch
 # (op, block, density, CTAs: None = one per SM; fewer CTAs put less traffic on L2 for the same per-CTA work)
@@ -122,21 +122,10 @@ def main():
     trace = torch.zeros(sms * TRACE_STAGES * FIELDS, dtype=torch.int64, device="cuda")
     report = [f"{torch.cuda.get_device_name()}, bf16 {m} x {k} -> {n}"]
     for op, block, density, ctas in CASES:
-        torch.manual_seed(0)
-        mat = BlockSparseMatrix.randn((n, k), density=density, block_shape=(block, block), dtype=torch.bfloat16,
-                                      device="cuda")
-        data, index = mat.data.detach(), mat.indices()
-        run = {"dsd": lambda: _C.dsd(x, data, None, *index), "dds": lambda: _C.dds(dy, data, *index)}[op]
+        run = product_call(op, block, density, x, dy, None)
         for _ in range(5):
             run()
-        trace.zero_()
-        os.environ["PBSNG_WS_TRACE"] = str(trace.data_ptr())
-        if ctas:
-            os.environ["PBSNG_WS_CTAS"] = str(ctas)
-        run()
-        torch.cuda.synchronize()
-        os.environ.pop("PBSNG_WS_TRACE")
-        os.environ.pop("PBSNG_WS_CTAS", None)
+        traced_launch(run, trace, **({"PBSNG_WS_CTAS": str(ctas)} if ctas else {}))
         report.append(summarize(f"{op} block {block} density {density}" + (f", {ctas} CTAs" if ctas else ""),
                                 trace, block))
         print(report[-1], flush=True)
