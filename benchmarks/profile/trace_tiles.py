@@ -9,7 +9,7 @@ The kernel records nothing by default. To trace, apply the profiling patch, rebu
     python benchmarks/profile/trace_tiles.py OUT_DIR      # writes OUT_DIR/tile_trace.txt
     git apply -R benchmarks/profile/ws_tile_trace.patch
 
-The patch applies to a9a896d (session 23). (`ws_trace.patch` / `trace_ws.py` are session 8-11's per-stage trace,
+The patch applies to the kernels of session 23 (a9a896d, comments of ab7a907). (`ws_trace.patch` / `trace_ws.py` are session 8-11's per-stage trace,
 written for an older producer.)
 """
 import os
