@@ -33,6 +33,20 @@ def pct(values, q):
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
+def trace_inputs():
+    """The output folder (argv[1], default .), and x (M, K) and dy (M, N) of the traced problem, bf16 on the GPU:
+    8192 x 4096 -> 4096. Shared with trace_ws.py."""
+    out = sys.argv[1] if len(sys.argv) > 1 else "."
+    os.makedirs(out, exist_ok=True)
+    m, k, n = 8192, 4096, 4096
+    return out, torch.randn(m, k, device="cuda", dtype=torch.bfloat16), torch.randn(m, n, device="cuda",
+                                                                                    dtype=torch.bfloat16)
+
+
+def problem_name(x, dy):
+    return f"{torch.cuda.get_device_name()}, bf16 {x.shape[0]} x {x.shape[1]} -> {dy.shape[1]}"
+
+
 def product_call(op, block, density, x, dy, bias):
     """The Hopper dsd (with `bias`) or dds of a fresh random pattern (seed 0) of an (N, K) bf16 weight, as a
     function of no arguments. Shared with trace_ws.py."""
@@ -115,15 +129,11 @@ def summarize(trace, sms):
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "."
-    os.makedirs(out, exist_ok=True)
-    m, k, n = 8192, 4096, 4096
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)  # the layer's dsd adds one
+    out, x, dy = trace_inputs()
+    bias = torch.randn(dy.shape[1], device="cuda", dtype=torch.bfloat16)  # the layer's dsd adds one
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     trace = torch.zeros(sms * TRACE_TILES * 2 * FIELDS, dtype=torch.int64, device="cuda")
-    report = [f"{torch.cuda.get_device_name()}, bf16 {m} x {k} -> {n}, {LAUNCHES} traced launches per case"]
+    report = [f"{problem_name(x, dy)}, {LAUNCHES} traced launches per case"]
     for op, block, density in CASES:
         run = product_call(op, block, density, x, dy, bias)
         for _ in range(5):

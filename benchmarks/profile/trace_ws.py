@@ -30,18 +30,13 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-from trace_tiles import product_call, traced_launch  # noqa: E402
+from trace_tiles import pct, problem_name, product_call, trace_inputs, traced_launch  # noqa: E402
 
 TRACE_STAGES, FIELDS = 640, 12  # kTraceStages and the stamps per stage in the patch
 # (op, block, density, CTAs: None = one per SM; fewer CTAs put less traffic on L2 for the same per-CTA work)
 CASES = (("dsd", 64, 0.5, None), ("dsd", 64, 1.0, None), ("dsd", 64, 0.25, None), ("dds", 64, 0.5, None),
          ("dsd", 128, 0.5, None), ("dsd", 128, 0.25, None), ("dds", 128, 0.25, None), ("dsd", 64, 0.5, 66),
          ("dsd", 64, 0.5, 33), ("dsd", 64, 1.0, 66))
-
-
-def pct(values, q):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
 def summarize(label, trace, block):
@@ -113,14 +108,10 @@ def summarize(label, trace, block):
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "."
-    os.makedirs(out, exist_ok=True)
-    m, k, n = 8192, 4096, 4096
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    out, x, dy = trace_inputs()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     trace = torch.zeros(sms * TRACE_STAGES * FIELDS, dtype=torch.int64, device="cuda")
-    report = [f"{torch.cuda.get_device_name()}, bf16 {m} x {k} -> {n}"]
+    report = [problem_name(x, dy)]
     for op, block, density, ctas in CASES:
         run = product_call(op, block, density, x, dy, None)
         for _ in range(5):
