@@ -133,7 +133,7 @@ int multiprocessor_count(int device) {
   return counts[device];
 }
 
-// The Hopper kernels (TMA + wgmma: dsd and dds, blocks 64 / 128) run on sm_90 devices when the build includes
+// The Hopper kernels (TMA + wgmma: dsd and dds, blocks 32 / 64 / 128; sdd 64 / 128) run on sm_90 devices when the build includes
 // sm_90a and M >= g_hopper_min_rows (their 256-token tile wastes tensor-core work on fewer rows, where the SM80
 // kernels with 128-row tiles and split-K do better), unless switched off with set_hopper_kernels(false) (tests
 // and benchmarks compare both paths).
@@ -142,7 +142,7 @@ int64_t g_hopper_min_rows = 256;
 
 bool hopper_device(int device, int block) {
 #ifdef PBSNG_WITH_SM90A
-  if (!g_hopper_enabled || (block != 64 && block != 128) || device < 0 || device >= 64) return false;
+  if (!g_hopper_enabled || (block != 32 && block != 64 && block != 128) || device < 0 || device >= 64) return false;
   static int capability[64] = {0};
   if (capability[device] == 0) {
     int major = 0, minor = 0;
@@ -312,6 +312,26 @@ int64_t set_hopper_few_rows_split(int64_t split) {
   return previous;
 }
 
+// The Hopper dsd / dds for blocks of 32 (kernel_sm90_b32.cuh: 128 tokens x 8 lines per tile). Its stages are bound by
+// the TMA engine's row requests (64-byte rows: ~2.1 ns each, H100; doc/kernels.md, "Blocks of 32"), so it beats the
+// SM80 kernels only where its tiles fill the SMs and the density is >= ~0.35: H100, bf16, 8192 x 4096 -> 4096, dsd
+// 0.54 / 0.70 ms against 0.65 / 1.27 at density 0.5 / 1.0, but 0.21 / 0.38 against 0.18 / 0.34 at 0.1 / 0.25; on
+// 4096 x 4096 at M = 512 (64 tiles) 1.5x the SM80 kernel's time at density 0.5, at M = 1024 (128 tiles) 0.8x, the
+// dds 0.6-0.9x there and on 1024 -> 4096 at M = 4096 (benchmarks/results/b32_*.txt). -1 (default): that rule (tiles
+// >= 3/4 of the SMs, density >= 0.4); 0: never; 1: wherever the Hopper kernels run (tests, benchmarks).
+int64_t g_hopper_b32 = -1;
+int64_t set_hopper_blocks_of_32(int64_t mode) {
+  PBSNG_CHECK_VALUE(mode >= -1 && mode <= 1, "set_hopper_blocks_of_32: mode=", mode, " must be -1 (auto), 0 (off) or 1");
+  const int64_t previous = g_hopper_b32;
+  g_hopper_b32 = mode;
+  return previous;
+}
+
+bool b32_hopper_for(int64_t lines, int64_t m, int64_t nnz, int64_t cells, int64_t sms) {
+  if (g_hopper_b32 >= 0) return g_hopper_b32 == 1;
+  return 4 * ((lines + 7) / 8 * ((m + 127) / 128)) >= 3 * sms && 5 * nnz >= 2 * cells;
+}
+
 // The split for a dsd or dds of M rows with `tiles` 128-token tiles of `steps` k-steps of 64 per line (on average)
 // and `nnz` of `cells` blocks kept, or 0 for the other kernels. The rule counts tiles and CTAs against the SMs.
 // Measured on an H100 (bf16, hot weight, graphs of 20 calls; 4096 x 4096, 1024 -> 4096, 4096 -> 1024, densities
@@ -342,7 +362,8 @@ constexpr int64_t kFewRowsMinRowsBlock64Dsd = 256;
 enum class Product { kDsd, kDds };
 int few_rows_split_for(Product product, int device, int block, int64_t m, int64_t nnz, int64_t cells, int64_t tiles,
                        int64_t steps, int64_t sms) {
-  if (nnz <= 0 || g_few_rows_split == 0 || !hopper_device(device, block)) return 0;
+  // Blocks of 32 have one Hopper dsd / dds kernel (kernel_sm90_b32.cuh), no few-rows tiles.
+  if (block == 32 || nnz <= 0 || g_few_rows_split == 0 || !hopper_device(device, block)) return 0;
   if (g_few_rows_split > 0) return int(g_few_rows_split);
   if (m >= kFewRowsMaxRows && tiles > sms) return 0;
   if (block == 128) {
@@ -432,9 +453,13 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   // The few-rows dsd (few_rows_split_for) splits inside its clusters, never across kernels.
   const bool hopper = few_rows_split > 0 ||
                       (use_hopper_for(x.device().index(), block, m, pat.nnz) &&
-                       !mid_rows_sm80_for(block, m, groups * ((m + 255) / 256), sms));
+                       !mid_rows_sm80_for(block, m, groups * ((m + 255) / 256), sms) &&
+                       (block != 32 || b32_hopper_for(pat.n_block_rows, m, pat.nnz,
+                                                      pat.n_block_rows * pat.n_block_cols, sms)));
+  // Blocks of 32 have no split Hopper kernel: where it runs, it runs whole.
   const bool hopper_without_split =
-      few_rows_split > 0 || (hopper && block == 128 && pat.n_block_rows * ((m + 255) / 256) >= 32);
+      few_rows_split > 0 || (hopper && block == 32) ||
+      (hopper && block == 128 && pat.n_block_rows * ((m + 255) / 256) >= 32);
   int64_t splits = 1;
   if (!hopper_without_split && pat.nnz > 0 && ctas > 0 && ctas < sms) {
     // Each split keeps >= 512 of the row's K (on average): below that the extra memset / bias / cast
@@ -505,7 +530,9 @@ at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)
                                                  : launch_dds_sm90<DType::kBFloat16>(p, stream), kDds);
   } else if (use_hopper_for(dy.device().index(), block, dy.size(0), pat.nnz) &&
-             !mid_rows_sm80_for(block, p.m, groups * ((p.m + 255) / 256), p.sms)) {
+             !mid_rows_sm80_for(block, p.m, groups * ((p.m + 255) / 256), p.sms) &&
+             (block != 32 || b32_hopper_for(pat.n_block_cols, p.m, pat.nnz, pat.n_block_rows * pat.n_block_cols,
+                                            p.sms))) {
     const at::Tensor counter = tile_counter_for(dy, stream);
     p.tile_counter = counter_ptr(counter);
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)
@@ -549,7 +576,7 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
   ProductDeviceGuard guard(dy.device());
   const int64_t m = dy.size(0), nnz = pat.nnz;
   const int64_t sms = multiprocessor_count(dy.device().index());
-  const bool hopper = use_hopper_for(dy.device().index(), block, m, nnz) &&
+  const bool hopper = block != 32 && use_hopper_for(dy.device().index(), block, m, nnz) &&
                       (block != 64 || nnz >= g_hopper_sdd_min_blocks_per_row * pat.n_block_rows);
   int64_t splits = 1;
   if (hopper) {
@@ -692,6 +719,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "split the Hopper sdd's last partial wave of CTAs over M (blocks of 128; True, default); returns the previous "
         "setting",
         pybind11::arg("enabled"));
+  m.def("set_hopper_blocks_of_32", &pbsng::set_hopper_blocks_of_32,
+        "the Hopper dsd / dds for blocks of 32: -1 auto (default), 0 off, 1 wherever the Hopper kernels run; returns "
+        "the previous mode",
+        pybind11::arg("mode"));
   m.def("set_hopper_few_rows_split", &pbsng::set_hopper_few_rows_split,
         "dsd and dds with few rows of M on Hopper: -1 (default) picks 128-token tiles split over 1 or 2 CTAs of a "
         "cluster by the rules in bindings.cpp, 0 never, 1 / 2 that split wherever the Hopper kernels run; returns "

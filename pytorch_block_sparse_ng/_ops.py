@@ -48,7 +48,7 @@ except ImportError as error:
 __all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "sdd_with_bias_grad", "describe_build", "set_hopper_kernels",
            "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row", "set_hopper_tile_schedule",
            "set_hopper_pipeline_stages", "set_hopper_sdd_tail_split", "set_decode_max_rows",
-           "set_hopper_few_rows_split", "set_backward_overlap"]
+           "set_hopper_few_rows_split", "set_hopper_blocks_of_32", "set_backward_overlap"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
 # default) unless this is "0".
@@ -100,6 +100,14 @@ def set_hopper_few_rows_split(split: int) -> int:
     >= 0.75 (the rule in bindings.cpp, few_rows_split_for). 0: never (and blocks of 64 keep the 256-token kernels
     from set_hopper_min_rows); 1 or 2: that split wherever the Hopper kernels run. Returns the previous value."""
     return int(_C.set_hopper_few_rows_split(int(split)))
+
+
+def set_hopper_blocks_of_32(mode: int) -> int:
+    """The Hopper dsd and dds for blocks of 32 (128 tokens x 8 lines per tile, a 64 x 32 wgmma per line that has
+    the block). -1 (default): where its tiles fill three quarters of the SMs and the density is >= 0.4, where it
+    measured faster than the SM80 kernels (the rule in bindings.cpp, b32_hopper_for); 0: never; 1: wherever the
+    Hopper kernels run (M >= set_hopper_min_rows). Returns the previous mode."""
+    return int(_C.set_hopper_blocks_of_32(int(mode)))
 
 
 def set_hopper_sdd_min_blocks_per_row(blocks: int) -> int:

@@ -342,7 +342,7 @@ def test_few_rows_default_path_in_the_layer(m, block, density, out_features):
     _check_layer_on_strided_3d_input("BlockSparseLinear, few rows", layer, m)
 
 
-HOPPER_GRID = [c for c in GRID if c.block in (64, 128)]
+HOPPER_GRID = list(GRID)  # dsd / dds with blocks of 32 too (kernel_sm90_b32.cuh; their sdd is the SM80 one)
 HOPPER_GRID += [Case(m, 1024, 768, d, b, t) for m in (255, 256, 257, 513) for d in (0.05, 0.3) for b in (64, 128)
                 for t in DTYPES]
 # Lines (block rows / columns) of 64 come two per tile: odd counts leave one line in the last tile.
@@ -352,6 +352,39 @@ HOPPER_GRID += [Case(300, 4096, 3072 + 64, 0.5, 64, torch.bfloat16), Case(513, 3
 HOPPER_GRID += [Case(m, 1024, 4096, d, 128, t) for m in (300, 511) for d in (0.1, 1.0) for t in DTYPES]
 # sdd: few chunks -> the reduction over M split across CTAs (uneven last split), and rows of 1..8+ blocks.
 HOPPER_GRID += [Case(m, 768, 1024, d, b, torch.float16) for m in (4097, 20000) for d in (0.05, 0.2) for b in (64, 128)]
+
+
+# Blocks of 32 (kernel_sm90_b32.cuh): 8 lines per tile, so line counts that leave 1-7 lines in the last tile, M
+# from 1 (decode kernel off) over the 128-token tile's edges, a single block, and a wide one.
+B32_CASES = [Case(m, i, o, d, 32, t) for m in (1, 65, 128, 129, 300) for (i, o) in ((160, 416), (416, 160))
+             for d in (0.0, 0.1, 0.5, 1.0) for t in DTYPES]
+B32_CASES += [Case(m, 32, 32, 1.0, 32, t) for m in (1, 200) for t in DTYPES]
+B32_CASES += [Case(2048, 4096, 4096, d, 32, torch.bfloat16) for d in (0.1, 0.5)]
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the Hopper kernels run on sm_90 GPUs only")
+@pytest.mark.parametrize("case", B32_CASES, ids=case_id)
+def test_hopper_blocks_of_32(case):
+    from pytorch_block_sparse_ng import _C, _ops
+
+    if not _C.uses_hopper_kernels(torch.cuda.current_device(), case.block):
+        pytest.skip("this build has no sm_90a kernels")
+    tensors = _product_case(case, 3)
+    previous = _ops.set_hopper_min_rows(1)
+    previous_decode = _ops.set_decode_max_rows(0)
+    previous_b32 = _ops.set_hopper_blocks_of_32(1)  # at every size and density, not only where the rule takes it
+    try:
+        _check_products("Hopper blocks of 32", case, *tensors)
+        w, index, x, dy, bias, data = tensors
+        y = OPS.dsd(x, data, bias, *index)
+        assert torch.equal(OPS.dsd(x, data, bias, *index), y), "the same result on every call"
+    finally:
+        _ops.set_hopper_min_rows(previous)
+        _ops.set_decode_max_rows(previous_decode)
+        _ops.set_hopper_blocks_of_32(previous_b32)
 
 
 @pytest.mark.cuda
@@ -369,12 +402,14 @@ def test_hopper_path_at_every_m(case):
     previous = _ops.set_hopper_min_rows(1)
     previous_sdd = _ops.set_hopper_sdd_min_blocks_per_row(0)  # sparse rows too (partial chunks)
     previous_few_rows = _ops.set_hopper_few_rows_split(0)  # the 256-token dsd at every M too
+    previous_b32 = _ops.set_hopper_blocks_of_32(1)
     try:
         _check_products("Hopper path", case, *tensors)
     finally:
         _ops.set_hopper_min_rows(previous)
         _ops.set_hopper_sdd_min_blocks_per_row(previous_sdd)
         _ops.set_hopper_few_rows_split(previous_few_rows)
+        _ops.set_hopper_blocks_of_32(previous_b32)
 
 
 def _sdd_calls_on_two_streams(dy, x, index, block_shape, blocks_shape):
@@ -1115,3 +1150,7 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
     assert _ops.set_hopper_few_rows_split(-1) == 2
     with pytest.raises(ValueError, match=r"split=4 must be -1 \(auto\), 0 \(off\), 1 or 2"):
         _ops.set_hopper_few_rows_split(4)
+    assert _ops.set_hopper_blocks_of_32(1) == -1
+    assert _ops.set_hopper_blocks_of_32(-1) == 1
+    with pytest.raises(ValueError, match=r"mode=2 must be -1 \(auto\), 0 \(off\) or 1"):
+        _ops.set_hopper_blocks_of_32(2)

@@ -33,6 +33,7 @@ def main():
     parser.add_argument("--features", default="4096x4096", help="KxN pairs, comma-separated")
     parser.add_argument("--op", default="dsd", choices=("dsd", "dds"))
     parser.add_argument("--densities", default="0.1,0.25,0.5,1.0")
+    parser.add_argument("--blocks", default="64,128", help="32 too: its Hopper kernel has no few-rows tiles (nan)")
     args = parser.parse_args()
     dds = args.op == "dds"
     ops = _extension.get()
@@ -45,7 +46,7 @@ def main():
             dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
             dense = time_graph_ms((lambda: dy @ w) if dds else (lambda: F.linear(x, w)), 20, 30)
-            for block in (64, 128):
+            for block in (int(b) for b in args.blocks.split(",")):
                 for density in (float(d) for d in args.densities.split(",")):
                     mat = BlockSparseMatrix.randn((n, k), density=density, block_shape=(block, block),
                                                   dtype=torch.bfloat16, device="cuda")
@@ -63,10 +64,12 @@ def main():
                         _ops.set_decode_max_rows(0)
                         times["sm80"] = time_graph_ms(run, 20, 30)
                         _ops.set_hopper_min_rows(1)
+                        previous_b32 = _ops.set_hopper_blocks_of_32(1)  # blocks of 32: not only where the rule takes it
                         times["hopper"] = time_graph_ms(run, 20, 30)
+                        _ops.set_hopper_blocks_of_32(previous_b32)
                         for split in (1, 2):
                             _ops.set_hopper_few_rows_split(split)
-                            times[split] = time_graph_ms(run, 20, 30)
+                            times[split] = time_graph_ms(run, 20, 30) if block != 32 else float("nan")
                     finally:
                         _ops.set_hopper_min_rows(previous_min)
                         _ops.set_decode_max_rows(previous_decode)

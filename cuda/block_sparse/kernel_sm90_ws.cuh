@@ -754,7 +754,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
 
 // Host side: tensor maps through the driver entry point (no link against libcuda).
 inline cudaError_t encode_2d_map(CUtensorMap* map, CUtensorMapDataType dtype, const void* ptr, uint64_t inner,
-                                 uint64_t outer, uint32_t box_inner, uint32_t box_outer, uint64_t elem_bytes = 2) {
+                                 uint64_t outer, uint32_t box_inner, uint32_t box_outer, uint64_t elem_bytes = 2,
+                                 CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     void* fn = nullptr;
@@ -770,7 +771,7 @@ inline cudaError_t encode_2d_map(CUtensorMap* map, CUtensorMapDataType dtype, co
   const cuuint32_t box[2] = {box_inner, box_outer};
   const cuuint32_t elem_strides[2] = {1, 1};
   CUresult res = encode(map, dtype, 2, const_cast<void*>(ptr), dims, strides, box, elem_strides,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }

@@ -1,7 +1,8 @@
-// Specializations of launch_{dsd,dds,sdd}_sm90 for one dtype (blocks 64 and 128; others:
-// cudaErrorInvalidValue). One translation unit per product and dtype keeps each compile short.
+// Specializations of launch_{dsd,dds,sdd}_sm90 for one dtype (dsd / dds: blocks 32, 64 and 128; sdd: 64 and 128;
+// others: cudaErrorInvalidValue). One translation unit per product and dtype keeps each compile short.
 #pragma once
 
+#include "block_sparse/kernel_sm90_b32.cuh"
 #include "block_sparse/kernel_sm90_sdd.cuh"
 #include "block_sparse/kernel_sm90_ws.cuh"
 
@@ -10,6 +11,11 @@
   template <>                                                                                              \
   cudaError_t launch_dsd_sm90<DTYPE>(const DsdParams& p, cudaStream_t stream) {                            \
     if (p.splits != 1 || p.nnz < 1) return cudaErrorInvalidValue;                                          \
+    if (p.block == 32) {                                                                                   \
+      return sm90b32::launch<sm80::ElementFor<DTYPE>::type, false>(                                        \
+          p.x, p.m, p.n_block_cols, p.data, p.nnz, p.row_offsets, p.col_indices, nullptr, p.row_order,     \
+          p.tile_counter, p.n_block_rows, p.bias, p.y, p.sms, stream);                                     \
+    }                                                                                                      \
     if (p.few_rows_split > 0) {                                                                            \
       return sm90ws::launch_few_rows<sm80::ElementFor<DTYPE>::type, false>(                               \
           p.block, p.few_rows_split, p.x, p.m, p.n_block_cols, p.data, p.nnz, p.row_offsets, p.col_indices, \
@@ -26,6 +32,11 @@
   template <>                                                                                              \
   cudaError_t launch_dds_sm90<DTYPE>(const DdsParams& p, cudaStream_t stream) {                            \
     if (p.nnz < 1) return cudaErrorInvalidValue;                                                           \
+    if (p.block == 32) {                                                                                   \
+      return sm90b32::launch<sm80::ElementFor<DTYPE>::type, true>(                                         \
+          p.dy, p.m, p.n_block_rows, p.data, p.nnz, p.col_offsets_t, p.row_indices_t, p.perm_t,            \
+          p.col_order, p.tile_counter, p.n_block_cols, nullptr, p.dx, p.sms, stream);                      \
+    }                                                                                                      \
     if (p.few_rows_split > 0) {                                                                            \
       return sm90ws::launch_few_rows<sm80::ElementFor<DTYPE>::type, true>(                                \
           p.block, p.few_rows_split, p.dy, p.m, p.n_block_rows, p.data, p.nnz, p.col_offsets_t,           \
