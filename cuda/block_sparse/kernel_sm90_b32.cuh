@@ -209,14 +209,7 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
     claim(0);  // a tile without blocks made no stage
     unit = __shfl_sync(0xffffffffu, following, 0);
   }
-  // The last CTA out leaves the counter zeroed for the next launch on the stream (as kernel_sm90_ws.cuh).
-  if (lane == 0 && p.tile_counter != nullptr) {
-    __threadfence();
-    if (atomicAdd(p.tile_counter + 1, 1) == int(gridDim.x) - 1) {
-      *reinterpret_cast<volatile int*>(p.tile_counter) = 0;
-      *reinterpret_cast<volatile int*>(p.tile_counter + 1) = 0;
-    }
-  }
+  if (lane == 0) sm90ws::count_out(p);
 }
 
 template <class Cfg>

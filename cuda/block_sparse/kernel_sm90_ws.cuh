@@ -311,6 +311,17 @@ __device__ __forceinline__ int next_unit(const KernelParams& p, int unit) {
                                    : unit + int(gridDim.x) / Cfg::kSplit;
 }
 
+// Called by one thread of a CTA that takes no more units: the last CTA to get here leaves the counter zeroed for
+// the next launch on the stream (the host keeps one counter per stream instead of a memset per call).
+__device__ __forceinline__ void count_out(const KernelParams& p) {
+  if (p.tile_counter == nullptr) return;
+  __threadfence();  // this CTA's claims are done before it counts itself out
+  if (atomicAdd(p.tile_counter + 1, 1) == int(gridDim.x) - 1) {
+    *reinterpret_cast<volatile int*>(p.tile_counter) = 0;
+    *reinterpret_cast<volatile int*>(p.tile_counter + 1) = 0;
+  }
+}
+
 // With a split, CTA r of the cluster takes the blocks of keys [n_keys r / split, n_keys (r + 1) / split): this
 // narrows each of N lines' entries [begin, end) (keys sorted) to them. The warp counts the keys below both
 // bounds in one pass over 64 entries per line and step, all lines' loads issued together: one round trip for
@@ -555,15 +566,7 @@ __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::Sha
     claim(0);  // a tile without blocks made no stage
     unit = __shfl_sync(0xffffffffu, following, 0);
   }
-  // This CTA takes no more units; the last CTA to get here leaves the counter zeroed for the next launch on the
-  // stream (the host keeps one counter per stream instead of a memset per call).
-  if (issue_act && p.tile_counter != nullptr) {
-    __threadfence();  // this CTA's claims are done before it counts itself out
-    if (atomicAdd(p.tile_counter + 1, 1) == int(gridDim.x) - 1) {
-      *reinterpret_cast<volatile int*>(p.tile_counter) = 0;
-      *reinterpret_cast<volatile int*>(p.tile_counter + 1) = 0;
-    }
-  }
+  if (issue_act) count_out(p);
 }
 
 template <class Cfg>
