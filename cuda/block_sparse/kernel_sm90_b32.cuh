@@ -237,7 +237,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<200>();
-  const int h = warpgroup - 1, tid = threadIdx.x % 128;
+  // h from a warp reduction: a uniform register, which keeps the A descriptors on the uniform datapath.
+  const int h = __reduce_max_sync(0xffffffffu, warpgroup - 1), tid = threadIdx.x % 128;
   const T* bias = static_cast<const T*>(p.bias);
 
   typename Cfg::TiledMma mma;
@@ -278,9 +279,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
     if (any_block) {
       int pending = -1;  // stage whose wgmma may still be reading shared memory
       for (;; ++it) {
-        const int s = it % S;
+        // The stage and its flags from warp reductions, i.e. in uniform registers: with h (above) that puts every
+        // wgmma descriptor on the uniform datapath, without an R2UR per wgmma (2-12 % faster, H100, session 25).
+        const int s = __reduce_max_sync(0xffffffffu, it % S);
         Barrier::wait(&sh.full[s], (it / S) & 1);
-        const int flags = __shfl_sync(0xffffffffu, *reinterpret_cast<volatile int*>(&sh.flags[s]), 0);
+        const int flags = __reduce_or_sync(0xffffffffu, *reinterpret_cast<volatile int*>(&sh.flags[s]));
         Tensor sA = make_tensor(make_smem_ptr(sh.stages[s].act + 64 * Cfg::BK * h), typename Cfg::SmemLayoutA{});
         Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));
         warpgroup_fence_operand(acc);
