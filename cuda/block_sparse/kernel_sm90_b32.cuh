@@ -139,6 +139,13 @@ struct LineBatches {
   }
 };
 
+// A shared-memory int written by another warp (ld.volatile.shared: a generic volatile load is a system-scope LD).
+__device__ __forceinline__ int load_shared_volatile(const int* p) {
+  int v;
+  asm volatile("ld.volatile.shared.b32 %0, [%1];" : "=r"(v) : "r"(cute::cast_smem_ptr_to_uint(p)));
+  return v;
+}
+
 template <class Cfg>
 __device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::SharedStorage& sh) {
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -283,16 +290,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
         // wgmma descriptor on the uniform datapath, without an R2UR per wgmma (2-12 % faster, H100, session 25).
         const int s = __reduce_max_sync(0xffffffffu, it % S);
         Barrier::wait(&sh.full[s], (it / S) & 1);
-        const int flags = __reduce_or_sync(0xffffffffu, *reinterpret_cast<volatile int*>(&sh.flags[s]));
+        const int flags = __reduce_or_sync(0xffffffffu, load_shared_volatile(&sh.flags[s]));
         Tensor sA = make_tensor(make_smem_ptr(sh.stages[s].act + 64 * Cfg::BK * h), typename Cfg::SmemLayoutA{});
         Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));
+        // Line l's B descriptors: line 0's advanced by l blocks (the descriptors count 16-byte units), one add per
+        // line instead of a descriptor built from its address.
+        Tensor sB0 = make_tensor(make_smem_ptr(sh.stages[s].w[0]), typename Cfg::SmemLayoutB{});
+        Tensor tCrB0 = thr_mma.make_fragment_B(thr_mma.partition_B(sB0));
         warpgroup_fence_operand(acc);
         warpgroup_arrive();
         CUTE_UNROLL
         for (int l = 0; l < L; ++l) {
           if ((flags >> l) & 1) {
-            Tensor sB = make_tensor(make_smem_ptr(sh.stages[s].w[l]), typename Cfg::SmemLayoutB{});
-            Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));
+            Tensor tCrB = make_tensor(tCrB0.data() + l * (Cfg::kWTileBytes / 16), tCrB0.layout());
             Tensor c = acc_line(l);
             gemm(mma, tCrA, tCrB, c);
           }
