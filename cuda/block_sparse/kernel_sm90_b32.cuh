@@ -11,8 +11,9 @@
 // 2 x 128 x 8 d x 32 x 32 FLOP, 1.3x a dense 128 x 256 tile's at d = 0.5 (kernel_sm90_ws.cuh's tile of two 64-lines
 // has 1.33x at block 64).
 // 64 x 32 x 16 wgmma read A (2 KB) and B (1 KB) from shared memory for 32 K FMA: at the tensor cores' rate that is
-// ~1.5x shared memory's 128 B/clk, so this tile can reach ~2/3 of the tensor-core peak; the kernel is bound by the
-// bytes it receives below density ~0.75 (doc/kernels.md, "Blocks of 32").
+// ~1.5x shared memory's 128 B/clk, so this tile can reach ~2/3 of the tensor-core peak. Measured, it is bound by
+// instruction latency in both warp roles (a branch and two small wgmma per line and stage; doc/kernels.md,
+// "Blocks of 32 on Hopper"), not by the bytes it receives.
 //
 // Producer: warp 0 of warpgroup 0; lane l < 8 walks line l's sorted block list in batches loaded ahead
 // (LineBatches), the warp takes the smallest key (a block column) with one reduction, one stage ahead of the
