@@ -7,6 +7,7 @@
 // `linear` (linear_autograd.cpp) is the layer's eager autograd function.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -313,12 +314,13 @@ int64_t set_hopper_few_rows_split(int64_t split) {
 }
 
 // The Hopper dsd / dds for blocks of 32 (kernel_sm90_b32.cuh: 128 tokens x 8 lines per tile). Its stages are bound by
-// the TMA engine's row requests (64-byte rows: ~2.1 ns each, H100; doc/kernels.md, "Blocks of 32"), so it beats the
+// instruction latency (a branch and two 64 x 32 wgmma per line; doc/kernels.md, "Blocks of 32"), so it beats the
 // SM80 kernels only where its tiles fill the SMs and the density is >= ~0.35: H100, bf16, 8192 x 4096 -> 4096, dsd
 // 0.54 / 0.70 ms against 0.65 / 1.27 at density 0.5 / 1.0, but 0.21 / 0.38 against 0.18 / 0.34 at 0.1 / 0.25; on
 // 4096 x 4096 at M = 512 (64 tiles) 1.5x the SM80 kernel's time at density 0.5, at M = 1024 (128 tiles) 0.8x, the
 // dds 0.6-0.9x there and on 1024 -> 4096 at M = 4096 (benchmarks/results/b32_*.txt). -1 (default): that rule (tiles
-// >= 3/4 of the SMs, density >= 0.4); 0: never; 1: wherever the Hopper kernels run (tests, benchmarks).
+// >= 3/4 of the SMs, density >= 0.4); 0: never; 1: wherever the Hopper kernels run (tests, benchmarks). The same
+// mode switches the block-32 Hopper sdd (b32_sdd_hopper_for).
 int64_t g_hopper_b32 = -1;
 int64_t set_hopper_blocks_of_32(int64_t mode) {
   PBSNG_CHECK_VALUE(mode >= -1 && mode <= 1, "set_hopper_blocks_of_32: mode=", mode, " must be -1 (auto), 0 (off) or 1");
@@ -330,6 +332,47 @@ int64_t set_hopper_blocks_of_32(int64_t mode) {
 bool b32_hopper_for(int64_t lines, int64_t m, int64_t nnz, int64_t cells, int64_t sms) {
   if (g_hopper_b32 >= 0) return g_hopper_b32 == 1;
   return 4 * ((lines + 7) / 8 * ((m + 127) / 128)) >= 3 * sms && 5 * nnz >= 2 * cells;
+}
+
+// The Hopper sdd for blocks of 32 (kernel_sm90_sdd_b32.cuh: a CTA per row pair and 16 columns of its union, M
+// unsplit). Measured against the SM80 sdd (H100, bf16, with the bias sum; benchmarks/results/ab_sdd_b32_*.txt,
+// with the entry width of b32_sdd_column_pairs): 8192 x 4096 -> 4096 1.8x / 2.2x / 3.5x / 6.6x faster at density
+// 0.1 / 0.25 / 0.5 / 1.0, on 16384 x 1024 -> 4096, 4096 -> 1024 (M = 4096), 2048 and 1024 x 4096 -> 4096 1.4-5x
+// from 0.25 and 1.0-1.5x at 0.1, except where its CTAs fill less than a third of the SMs (4096 -> 1024 at density
+// 0.1: ~32 CTAs, 0.068-0.070 ms against 0.049-0.064). The CTAs are estimated for random rows; below 1024 rows not
+// measured, so SM80 there. -1 (default): that rule; 0 / 1: set_hopper_blocks_of_32.
+bool b32_sdd_hopper_for(int64_t m, int64_t nnz, int64_t n_block_rows, int64_t n_block_cols, int64_t sms) {
+  if (n_block_cols > kSddB32MaxBlockCols || n_block_rows == 0 || n_block_cols == 0) return false;
+  if (g_hopper_b32 >= 0) return g_hopper_b32 == 1;
+  // CTAs with single columns for random rows (the host does not read the pattern): a row pair's union holds a
+  // column with probability 1 - (1 - d)^2, a CTA takes 16 of them.
+  const double density = double(nnz) / (double(n_block_rows) * double(n_block_cols));
+  const double union_columns = double(n_block_cols) * (1.0 - (1.0 - density) * (1.0 - density));
+  const double ctas = double((n_block_rows + 1) / 2) * std::ceil(union_columns / 16.0);
+  return m >= 1024 && 3.0 * ctas >= double(sms);
+}
+
+// Whether the block-32 Hopper sdd takes its union by column pairs (64-feature x boxes) or single columns. A stage
+// of column pairs took ~0.9 us per CTA, one of single columns ~1.35-1.55 on full waves (H100, 8192 x 4096 -> 4096;
+// the TMA's rows per stage: 640 against 1152), but at low density half the pairs' bytes are absent columns and
+// the pairs make more CTAs (8192 x 4096 -> 4096 at density 0.1: 192 against 128, two waves against one).
+// Measured (benchmarks/results/ab_sdd_b32_*.txt, ms, single columns / column pairs), 8192 x 4096 -> 4096: density
+// 0.1 0.174 / 0.234, 0.25 0.366 / 0.356, 0.5 0.579 / 0.456, 1.0 0.792 / 0.470; on 16384 x 1024 -> 4096, 4096 ->
+// 1024 (M = 4096) and 2048 x 4096 -> 4096 alike: single columns 1.2-1.3x faster at 0.1, column pairs as fast or
+// faster from 0.25 (1.2-1.7x at 0.5 / 1.0). -1 (default): column pairs from density 0.2 (not measured between 0.1
+// and 0.25); 0: single columns; 1: column pairs.
+int64_t g_sdd_b32_column_pairs = -1;
+int64_t set_hopper_sdd_b32_column_pairs(int64_t mode) {
+  PBSNG_CHECK_VALUE(mode >= -1 && mode <= 1, "set_hopper_sdd_b32_column_pairs: mode=", mode,
+                    " must be -1 (auto), 0 (single columns) or 1 (column pairs)");
+  const int64_t previous = g_sdd_b32_column_pairs;
+  g_sdd_b32_column_pairs = mode;
+  return previous;
+}
+
+bool b32_sdd_column_pairs(int64_t nnz, int64_t n_block_rows, int64_t n_block_cols) {
+  if (g_sdd_b32_column_pairs >= 0) return g_sdd_b32_column_pairs == 1;
+  return 5 * nnz >= n_block_rows * n_block_cols;
 }
 
 // The split for a dsd or dds of M rows with `tiles` 128-token tiles of `steps` k-steps of 64 per line (on average)
@@ -576,15 +619,20 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
   ProductDeviceGuard guard(dy.device());
   const int64_t m = dy.size(0), nnz = pat.nnz;
   const int64_t sms = multiprocessor_count(dy.device().index());
-  const bool hopper = block != 32 && use_hopper_for(dy.device().index(), block, m, nnz) &&
+  const bool hopper = use_hopper_for(dy.device().index(), block, m, nnz) &&
+                      (block != 32 || b32_sdd_hopper_for(m, nnz, pat.n_block_rows, pat.n_block_cols, sms)) &&
                       (block != 64 || nnz >= g_hopper_sdd_min_blocks_per_row * pat.n_block_rows);
   int64_t splits = 1;
   if (hopper) {
     // One CTA per (block row, chunk of its blocks), estimated as nnz / chunk plus, per row, half a chunk's free
     // entries (partial chunks; the host does not read the pattern). See sdd_sm90_splits for the split of M.
-    const int64_t chunk = sdd_sm90_chunk(block);
-    const int64_t ctas = std::max<int64_t>(1, (2 * nnz + pat.n_block_rows * (chunk - 1) + 2 * chunk - 1) / (2 * chunk));
-    splits = sdd_sm90_splits(block, ctas, sms, (m + 63) / 64);
+    // Blocks of 32: one CTA per row pair and chunk of its union, M unsplit.
+    if (block != 32) {
+      const int64_t chunk = sdd_sm90_chunk(block);
+      const int64_t ctas =
+          std::max<int64_t>(1, (2 * nnz + pat.n_block_rows * (chunk - 1) + 2 * chunk - 1) / (2 * chunk));
+      splits = sdd_sm90_splits(block, ctas, sms, (m + 63) / 64);
+    }
   } else if (nnz > 0) {
     // Split the reduction over M across CTAs when there are too few kept blocks to fill the GPU.
     const int64_t k_tiles = (m + sdd_k_tile_rows(block) - 1) / sdd_k_tile_rows(block);
@@ -621,6 +669,8 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
               fused_bias && sums_f32_path ? f32 + size : nullptr, row_offsets.data_ptr<int32_t>(),
               row_indices.data_ptr<int32_t>(), col_indices.data_ptr<int32_t>(), m, nnz, int(pat.n_block_rows),
               int(pat.n_block_cols), block, int(splits)};
+  p.row_order = row_order.data_ptr<int32_t>();
+  if (hopper && block == 32) p.b32_column_pairs = b32_sdd_column_pairs(nnz, pat.n_block_rows, pat.n_block_cols);
   if (split_pieces) {
     pieces = at::empty({sdd_sm90_piece_floats(split_items * splits)}, dy.options().dtype(at::kFloat));
     // The piece that finishes an item last zeroes its counter again (kernel_sm90_sdd.cuh).
@@ -719,8 +769,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "split the Hopper sdd's last partial wave of CTAs over M (blocks of 128; True, default); returns the previous "
         "setting",
         pybind11::arg("enabled"));
+  m.def("set_hopper_sdd_b32_column_pairs", &pbsng::set_hopper_sdd_b32_column_pairs,
+        "the block-32 Hopper sdd's union entries: -1 auto (default), 0 single columns, 1 column pairs; returns the "
+        "previous mode",
+        pybind11::arg("mode"));
   m.def("set_hopper_blocks_of_32", &pbsng::set_hopper_blocks_of_32,
-        "the Hopper dsd / dds for blocks of 32: -1 auto (default), 0 off, 1 wherever the Hopper kernels run; returns "
+        "the Hopper dsd / dds / sdd for blocks of 32: -1 auto (default), 0 off, 1 wherever the Hopper kernels run; returns "
         "the previous mode",
         pybind11::arg("mode"));
   m.def("set_hopper_few_rows_split", &pbsng::set_hopper_few_rows_split,

@@ -48,7 +48,8 @@ except ImportError as error:
 __all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "sdd_with_bias_grad", "describe_build", "set_hopper_kernels",
            "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row", "set_hopper_tile_schedule",
            "set_hopper_pipeline_stages", "set_hopper_sdd_tail_split", "set_decode_max_rows",
-           "set_hopper_few_rows_split", "set_hopper_blocks_of_32", "set_backward_overlap"]
+           "set_hopper_few_rows_split", "set_hopper_blocks_of_32", "set_hopper_sdd_b32_column_pairs",
+           "set_backward_overlap"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
 # default) unless this is "0".
@@ -103,11 +104,20 @@ def set_hopper_few_rows_split(split: int) -> int:
 
 
 def set_hopper_blocks_of_32(mode: int) -> int:
-    """The Hopper dsd and dds for blocks of 32 (128 tokens x 8 lines per tile, a 64 x 32 wgmma per line that has
-    the block). -1 (default): where its tiles fill three quarters of the SMs and the density is >= 0.4, where it
-    measured faster than the SM80 kernels (the rule in bindings.cpp, b32_hopper_for); 0: never; 1: wherever the
-    Hopper kernels run (M >= set_hopper_min_rows). Returns the previous mode."""
+    """The Hopper kernels for blocks of 32: the dsd and dds (128 tokens x 8 lines per tile, a 64 x 32 wgmma per
+    line that has the block) and the sdd (a row pair x 16 columns of its union per CTA). -1 (default): where each
+    measured faster than the SM80 kernels (the rules in bindings.cpp: b32_hopper_for, tiles filling three quarters
+    of the SMs and density >= 0.4; b32_sdd_hopper_for, M >= 1024 and CTAs for a third of the SMs); 0: never; 1:
+    wherever the Hopper kernels run (M >= set_hopper_min_rows). Returns the previous mode."""
     return int(_C.set_hopper_blocks_of_32(int(mode)))
+
+
+def set_hopper_sdd_b32_column_pairs(mode: int) -> int:
+    """How the block-32 Hopper sdd walks a row pair's union of columns: -1 (default) column pairs from density 0.2,
+    where they measured as fast or faster (bindings.cpp, b32_sdd_column_pairs); 0: single columns (32-feature x
+    boxes: fewer CTAs and no absent columns loaded at low density); 1: column pairs (64-feature boxes, half the TMA
+    rows per stage). Returns the previous mode."""
+    return int(_C.set_hopper_sdd_b32_column_pairs(int(mode)))
 
 
 def set_hopper_sdd_min_blocks_per_row(blocks: int) -> int:

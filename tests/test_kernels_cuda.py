@@ -6,6 +6,7 @@ the errors being the largest absolute difference to the fp32 result. They skip w
 extension is there. The argument-check tests need only the built extension (they run on CPU-only machines).
 """
 
+import itertools
 import os
 import subprocess
 import sys
@@ -342,7 +343,7 @@ def test_few_rows_default_path_in_the_layer(m, block, density, out_features):
     _check_layer_on_strided_3d_input("BlockSparseLinear, few rows", layer, m)
 
 
-HOPPER_GRID = list(GRID)  # dsd / dds with blocks of 32 too (kernel_sm90_b32.cuh; their sdd is the SM80 one)
+HOPPER_GRID = list(GRID)  # blocks of 32 too (kernel_sm90_b32.cuh, kernel_sm90_sdd_b32.cuh)
 HOPPER_GRID += [Case(m, 1024, 768, d, b, t) for m in (255, 256, 257, 513) for d in (0.05, 0.3) for b in (64, 128)
                 for t in DTYPES]
 # Lines (block rows / columns) of 64 come two per tile: odd counts leave one line in the last tile.
@@ -410,6 +411,82 @@ def test_hopper_path_at_every_m(case):
         _ops.set_hopper_sdd_min_blocks_per_row(previous_sdd)
         _ops.set_hopper_few_rows_split(previous_few_rows)
         _ops.set_hopper_blocks_of_32(previous_b32)
+
+
+def _b32_pair_mask():
+    """11 block rows x 41 block columns whose rows, taken in order as pairs, cover the cases of the block-32
+    Hopper sdd (kernel_sm90_sdd_b32.cuh): a full row beside an empty one (a union of 41 columns: chunks of 16, 16
+    and 9; by column pairs the last is half past K), two disjoint rows (40), two equal rows (9: the second
+    consumer gets one column), a row of 16 beside an empty one (one full chunk), two empty rows (with the bias: a
+    CTA that only sums dy), and a row left alone."""
+    mask = torch.zeros(11, 41, dtype=torch.bool)
+    mask[0] = True
+    mask[2, 0::2] = True
+    mask[3, 1::2] = True
+    mask[4, 3:12] = True
+    mask[5, 3:12] = True
+    mask[6, 5:21] = True
+    mask[10, 7:30:3] = True
+    return mask
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the Hopper kernels run on sm_90 GPUs only")
+@pytest.mark.parametrize("m", [1, 100, 1000], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t)[6:])
+def test_hopper_sdd_blocks_of_32_pairs(m, dtype):
+    """The block-32 Hopper sdd takes the rows in pairs of row_order and the union of each pair's columns (single
+    columns or column pairs) in chunks of 16 columns: every pairing of a pattern with full, empty, disjoint, equal and lone rows (the pairs in
+    order, reversed, and two random permutations), with and without the bias sum, against the reference; four
+    calls in a row, the last on another stream, each output landing in a freed NaN-filled block of its size
+    (an unstored block cannot pass), bitwise equal from call to call."""
+    from pytorch_block_sparse_ng import _ops
+
+    if not _C_uses_hopper(32):
+        pytest.skip("this build has no sm_90a kernels")
+    block = 32
+    mask = _b32_pair_mask()
+    rows, cols = mask.shape
+    w = BlockSparseMatrix.from_block_mask(mask, (block, block)).to("cuda")
+    generator = torch.Generator().manual_seed(m)
+    x = torch.randn(m, cols * block, generator=generator).cuda().to(dtype)
+    dy = torch.randn(m, rows * block, generator=generator).cuda().to(dtype)
+    bshape = (block, block)
+    torch_dw = (dy.t() @ x).reshape(rows, block, cols, block).transpose(1, 2)[w.row_indices.long(),
+                                                                              w.col_indices.long()]
+    orders = [torch.arange(rows), torch.arange(rows - 1, -1, -1)]
+    orders += [torch.randperm(rows, generator=generator) for _ in range(2)]
+    previous = _ops.set_hopper_min_rows(1)
+    previous_b32 = _ops.set_hopper_blocks_of_32(1)
+    previous_entries = _ops.set_hopper_sdd_b32_column_pairs(0)
+    try:
+        for entries, order in itertools.product((0, 1), orders):  # single columns, column pairs
+            _ops.set_hopper_sdd_b32_column_pairs(entries)
+            index = list(w.indices())
+            index[6] = order.to(device="cuda", dtype=torch.int32)  # row_order
+            ref = reference.sdd(dy.float(), x.float(), *index, bshape)
+            first = None
+            for dw, dw_fused, db in _sdd_calls_on_two_streams(dy, x, index, bshape, w.data.shape):
+                case = f"sdd, blocks of 32, {('single columns', 'column pairs')[entries]}, row order {order.tolist()}"
+                assert_like_torch(case, dw, ref, torch_dw)
+                assert_like_torch(f"{case}, with bias", dw_fused, ref, torch_dw)
+                assert_like_torch(f"bias gradient, {case}", db, dy.float().sum(0), dy.sum(0))
+                if first is None:
+                    first = (dw, dw_fused, db)
+                for name, got, want in zip(("dw", "dw with bias", "bias gradient"), (dw, dw_fused, db), first):
+                    assert torch.equal(got, want), f"{name} differs between calls ({case})"
+    finally:
+        _ops.set_hopper_min_rows(previous)
+        _ops.set_hopper_blocks_of_32(previous_b32)
+        _ops.set_hopper_sdd_b32_column_pairs(previous_entries)
+
+
+def _C_uses_hopper(block):
+    from pytorch_block_sparse_ng import _C
+
+    return _C.uses_hopper_kernels(torch.cuda.current_device(), block)
 
 
 def _sdd_calls_on_two_streams(dy, x, index, block_shape, blocks_shape):
@@ -1154,3 +1231,7 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
     assert _ops.set_hopper_blocks_of_32(-1) == 1
     with pytest.raises(ValueError, match=r"mode=2 must be -1 \(auto\), 0 \(off\) or 1"):
         _ops.set_hopper_blocks_of_32(2)
+    assert _ops.set_hopper_sdd_b32_column_pairs(0) == -1
+    assert _ops.set_hopper_sdd_b32_column_pairs(-1) == 0
+    with pytest.raises(ValueError, match=r"mode=3 must be -1 \(auto\), 0 \(single columns\) or 1"):
+        _ops.set_hopper_sdd_b32_column_pairs(3)

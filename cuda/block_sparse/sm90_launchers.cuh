@@ -1,9 +1,10 @@
-// Specializations of launch_{dsd,dds,sdd}_sm90 for one dtype (dsd / dds: blocks 32, 64 and 128; sdd: 64 and 128;
-// others: cudaErrorInvalidValue). One translation unit per product and dtype keeps each compile short.
+// Specializations of launch_{dsd,dds,sdd}_sm90 for one dtype (blocks 32, 64 and 128; others:
+// cudaErrorInvalidValue). One translation unit per product and dtype keeps each compile short.
 #pragma once
 
 #include "block_sparse/kernel_sm90_b32.cuh"
 #include "block_sparse/kernel_sm90_sdd.cuh"
+#include "block_sparse/kernel_sm90_sdd_b32.cuh"
 #include "block_sparse/kernel_sm90_ws.cuh"
 
 #define PBSNG_DEFINE_DSD_SM90_LAUNCHER(DTYPE)                                                                \
@@ -56,6 +57,9 @@
     if (p.m < 1) return cudaErrorInvalidValue;                                                             \
     /* 64 tokens per stage: 32 (twice the stages) measured 10 % slower for blocks of 64 on an H100 */      \
     switch (p.block) {                                                                                     \
+      case 32:                                                                                             \
+        return p.b32_column_pairs ? sm90sddb32::launch<sm90sddb32::Config<T, true>>(p, stream)              \
+                                  : sm90sddb32::launch<sm90sddb32::Config<T, false>>(p, stream);            \
       case 64: return sm90sdd::launch_config<sm90sdd::Config<T, 64>>(p, stream);                          \
       case 128: return sm90sdd::launch_config<sm90sdd::Config<T, 128>>(p, stream);                        \
       default: return cudaErrorInvalidValue;                                                               \

@@ -1,0 +1,361 @@
+// sdd (dW_b = dy_r^T x_c on the kept blocks, reduced over the M tokens) with blocks of 32 on Hopper: TMA loads
+// and stores, an mbarrier pipeline and warp-specialized wgmma (sm_90a), like kernel_sm90_sdd.cuh (whose wgmma
+// atoms it uses) and with the helpers of kernel_sm90_ws.cuh.
+//
+// Why its own kernel: tokens are the reduction, so the wgmma M (64) and N must both be features, and a block row
+// of 32 fills only half an M. Here M is the 64 features of a row *pair* (entries 2p and 2p + 1 of row_order:
+// layout.pair_order puts rows that share many block columns side by side), N is 8 block columns of the union of
+// the pair's two lists (256 features), K the tokens. A union column that only one of the two rows keeps costs
+// the other row's half of the M (not stored): on random patterns ~2/3 of the work is kept blocks at density 0.5,
+// all of it at 1.0. The SM80 sdd it replaces ran at ~90 TFLOP/s (doc/kernels.md, "Blocks of 32 on Hopper").
+// Union entries (Cfg::kEntryCols): single columns (x boxes of 32 features, 64-byte rows) or column pairs (2c,
+// 2c + 1: boxes of 64 features, 128-byte rows). The TMA issues a stage's loads row by row, ~1.35 ns per row per SM
+// on an H100 whether the rows carry 64 or 128 bytes (this kernel with single columns, and the block-64 sdd), so
+// a stage of column pairs (640 rows) takes ~0.9 us against ~1.4-1.5 us for single columns (1152 rows), at the cost
+// of the absent column of a pair: faster from density ~0.25, while at 0.1 single columns make fewer CTAs (a wave
+// instead of two on 8192 x 4096 -> 4096; benchmarks/results/ab_sdd_b32_*.txt). The host picks (bindings.cpp,
+// b32_sdd_column_pairs). Bytes per stage: the dy^T tile (64 features x 64 tokens, two 32-feature boxes) and the x
+// tiles of 16 columns (64 tokens each), 72 KB per 2 x 64 x 256 x 64 MAC: the block-64 sdd's tile shape.
+//
+// One CTA: pair p (blockIdx.x) and chunk y (blockIdx.y) = 16 columns of union entries (16 columns or 8 column
+// pairs from entry 16y / 8y); consumer h takes 8 columns of them and computes a 64 x 256 tile with 64 x 256 x 16
+// wgmma, both operands MN-major (transposed views of row-major activations). The chunk is found at the CTA's
+// start: the two rows' column -> block maps in the (not yet loaded) stage memory, then warp 0 ranks the union by
+// ballots. CTAs past the pair's union exit; with the bias gradient, chunk 0 of every pair also sums its dy tiles
+// (a 64 x 8 wgmma against a tile of ones, as in kernel_sm90_sdd.cuh), even when the pair keeps no block.
+// Epilogue: the rounded 64 x 256 tile goes by stmatrix into the idle stage buffers, each 32 x 32 block
+// contiguous with the 64-byte swizzle, and each kept block leaves as one TMA store.
+//
+// Constraints: sm_90a only; fp16 / bf16; blocks of 32; 16-byte aligned activations; row_order pairs the rows;
+// the maps need 8 x n_block_cols bytes of the stage memory (n_block_cols <= kSddB32MaxBlockCols, params.h).
+#pragma once
+
+#include "block_sparse/kernel_sm90_sdd.cuh"
+
+namespace pbsng {
+namespace sm90sddb32 {
+
+template <class T_, bool ColumnPairs_>
+struct Config {
+  using T = T_;
+  static constexpr int Block = 32;
+  static constexpr int BK = 64;                        // tokens per stage
+  static constexpr int kEntryCols = ColumnPairs_ ? 2 : 1;  // block columns per union entry (one x box)
+  static constexpr int kColsPerConsumer = 8;           // N = 8 x 32
+  static constexpr int kChunk = 2 * kColsPerConsumer / kEntryCols;  // union entries per CTA
+  static constexpr int kABoxBytes = 32 * BK * int(sizeof(T));  // a row's 32 features x 64 tokens, 4 KB
+  static constexpr int kBBoxBytes = 32 * kEntryCols * BK * int(sizeof(T));  // an entry's features x 64 tokens
+  static constexpr int kStages = 3;
+  static constexpr int kThreads = 384;
+  // dy^T (64 features of the pair x BK tokens; 64-byte swizzle) and x (256 features x BK tokens; 64- or 128-byte
+  // swizzle: an entry's row), MN-major; the K atoms first (Step<_2, _1>), so that each row's 32 features and each
+  // entry's 32 / 64 are one contiguous TMA box (BK rows of 64 / 128 bytes).
+  using SmemLayoutA = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW64_Atom<T>{},
+                                                   cute::make_shape(cute::Int<64>{}, cute::Int<BK>{}),
+                                                   cute::Step<cute::_2, cute::_1>{}));
+  using SmemLayoutB = decltype(cute::tile_to_shape(cute::conditional_t<ColumnPairs_, cute::GMMA::Layout_MN_SW128_Atom<T>,
+                                                                       cute::GMMA::Layout_MN_SW64_Atom<T>>{},
+                                                   cute::make_shape(cute::Int<256>{}, cute::Int<BK>{}),
+                                                   cute::Step<cute::_2, cute::_1>{}));
+  using TiledMma = decltype(cute::make_tiled_mma(typename sm90sdd::GmmaAtom<T>::type{}));
+  using SumMma = decltype(cute::make_tiled_mma(typename sm90sdd::GmmaSumAtom<T>::type{}));
+  using SmemLayoutOnes = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_INTER_Atom<T>{},
+                                                      cute::make_shape(cute::Int<8>{}, cute::Int<BK>{})));
+  // A consumer's rounded 64 x 256 results, row-major in 8 x 32 atoms (64-byte swizzle) taken rows first: block
+  // (half r, column j), rows 32r.. and columns 32j.., is the contiguous 2 KB at element 1024 (r + 2j), one TMA box.
+  using SmemLayoutOut = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<T>{},
+                                                     cute::make_shape(cute::Int<64>{}, cute::Int<256>{})));
+  using TiledStoreOut = decltype(cute::make_tiled_copy_C(cute::Copy_Atom<cute::SM90_U32x4_STSM_N, T>{},
+                                                         TiledMma{}));
+
+  struct alignas(1024) Stage {
+    T a[64 * BK];
+    T b[2][256 * BK];
+  };
+  struct Chunk {
+    int key[kChunk];                // the chunk's union entries: columns key x kEntryCols ..
+    int block[2][2 * kColsPerConsumer];  // block of row r of the row pair in column j of the chunk, or -1
+    int rows[2];               // the pair's rows (rows[1] == -1: a row left alone)
+    int count;                 // entries in the chunk (0: the bias sum only)
+  };
+  struct SharedStorage {
+    Stage stages[kStages];
+    alignas(128) T ones[8 * BK];  // B of the bias-gradient sum
+    uint64_t full[kStages];
+    uint64_t empty[kStages];
+    Chunk chunk;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
+  static_assert(2 * 64 * 256 * int(sizeof(T)) <= kStages * int(sizeof(Stage)), "both output tiles fit");
+  // The column -> block maps of the two rows (int32) live in the stage memory before the first load.
+  static constexpr int kMaxBlockCols = kStages * int(sizeof(Stage)) / (2 * int(sizeof(int))) - 2;
+  static_assert(kMaxBlockCols >= kSddB32MaxBlockCols, "the host's limit (params.h) fits");
+};
+
+struct KernelParams {
+  CUtensorMap dy_map;   // (M, N), box 64 tokens x 32 features, 64-byte swizzle
+  CUtensorMap x_map;    // (M, K), box 64 tokens x an entry's features (32 / 64), 64- / 128-byte swizzle
+  CUtensorMap out_map;  // [nnz, 32, 32] as (nnz * 32 rows, 32), box 32 x 32
+  const int32_t* row_offsets;
+  const int32_t* col_indices;
+  const int32_t* row_order;  // pairs: entries 2p, 2p + 1
+  void* bias_grad;           // (N,) in T, or nullptr
+  int64_t m;
+  int n_block_rows;
+  int n_block_cols;
+};
+
+// Consumer warpgroup h: the mainloop over the token steps, then the stores. kBlocks: the chunk has columns for
+// this consumer; kSum: it also sums the dy^T tiles (the bias gradient).
+template <class Cfg, bool kBlocks, bool kSum>
+__device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::SharedStorage& sh, int h, int consumers,
+                                        int n_steps) {
+  using namespace cute;
+  using T = typename Cfg::T;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  constexpr int S = Cfg::kStages;
+  const int tid = threadIdx.x % 128;
+  typename Cfg::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(tid);
+  Tensor acc = partition_fragment_C(mma, Shape<_64, _256>{});
+  clear(acc);
+  typename Cfg::SumMma sum_mma;
+  auto thr_sum = sum_mma.get_thread_slice(tid);
+  Tensor bias_acc = partition_fragment_C(sum_mma, Shape<_64, _8>{});
+  clear(bias_acc);
+  Tensor tSrOnes = thr_sum.make_fragment_B(thr_sum.partition_B(
+      make_tensor(make_smem_ptr(sh.ones), typename Cfg::SmemLayoutOnes{})));
+  int pending = -1;
+  for (int it = 0; it < n_steps; ++it) {
+    // Warp-uniform by construction; the reduction tells ptxas so (descriptors on the uniform datapath).
+    const int s = __reduce_max_sync(0xffffffffu, it % S);
+    Barrier::wait(&sh.full[s], (it / S) & 1);
+    Tensor sA = make_tensor(make_smem_ptr(sh.stages[s].a), typename Cfg::SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(sh.stages[s].b[h]), typename Cfg::SmemLayoutB{});
+    warpgroup_fence_operand(acc);
+    warpgroup_fence_operand(bias_acc);
+    warpgroup_arrive();
+    if constexpr (kBlocks) {
+      gemm(mma, thr_mma.make_fragment_A(thr_mma.partition_A(sA)), thr_mma.make_fragment_B(thr_mma.partition_B(sB)),
+           acc);
+    }
+    if constexpr (kSum) gemm(sum_mma, thr_sum.make_fragment_A(thr_sum.partition_A(sA)), tSrOnes, bias_acc);
+    warpgroup_commit_batch();
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(acc);
+    warpgroup_fence_operand(bias_acc);
+    if (pending >= 0) Barrier::arrive(&sh.empty[pending]);
+    pending = s;
+  }
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(acc);
+  warpgroup_fence_operand(bias_acc);
+
+  if constexpr (kSum) {  // every column of bias_acc holds the sum: column 0 is stored
+    Tensor bias_coord = thr_sum.partition_C(make_identity_tensor(Shape<_64, _8>{}));
+    CUTE_UNROLL
+    for (int i = 0; i < size(bias_acc); ++i) {
+      const int f = get<0>(bias_coord(i));
+      const int row = sh.chunk.rows[f / 32];
+      if (get<1>(bias_coord(i)) == 0 && row >= 0) static_cast<T*>(p.bias_grad)[row * 32 + f % 32] = T(bias_acc(i));
+    }
+  }
+  if constexpr (!kBlocks) return;
+
+  cutlass::arch::NamedBarrier::sync(128 * consumers, 1);  // every wgmma of the CTA has read its stages
+  T* staged = reinterpret_cast<T*>(&sh.stages[0]) + h * 64 * 256;
+  Tensor values = make_tensor_like<T>(acc);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) values(i) = T(acc(i));
+  typename Cfg::TiledStoreOut store_out;
+  auto thr_store = store_out.get_thread_slice(tid);
+  copy(store_out, thr_store.retile_S(values),
+       thr_store.partition_D(make_tensor(make_smem_ptr(staged), typename Cfg::SmemLayoutOut{})));
+  cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read next by the TMA store
+  cutlass::arch::NamedBarrier::sync(128, 2 + h);
+  if (tid < 2 * Cfg::kColsPerConsumer) {  // one thread per block of the tile: (half r, column j)
+    const int r = tid % 2, j = tid / 2, column = Cfg::kColsPerConsumer * h + j;
+    const int block = column / Cfg::kEntryCols < sh.chunk.count ? sh.chunk.block[r][column] : -1;
+    if (block >= 0) {
+      sm90ws::tma_store_2d(&p.out_map, staged + (r + 2 * j) * 32 * 32, 0, block * 32);
+      sm90ws::tma_store_wait_read();  // shared memory must outlive the store's read
+    }
+  }
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_b32_kernel(const __grid_constant__ KernelParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace cute;
+  using T = typename Cfg::T;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int S = Cfg::kStages, BK = Cfg::BK, C = Cfg::kChunk, E = Cfg::kEntryCols;
+  extern __shared__ char smem_raw[];
+  auto& sh = sm90ws::aligned_shared_storage<typename Cfg::SharedStorage>(smem_raw);
+
+  const int pair = int(blockIdx.x), slot = int(blockIdx.y);
+  const int rows[2] = {__ldg(p.row_order + 2 * pair),
+                       2 * pair + 1 < p.n_block_rows ? __ldg(p.row_order + 2 * pair + 1) : -1};
+  int begin[2], blocks[2];
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    begin[r] = rows[r] >= 0 ? __ldg(p.row_offsets + rows[r]) : 0;
+    blocks[r] = rows[r] >= 0 ? __ldg(p.row_offsets + rows[r] + 1) - begin[r] : 0;
+  }
+  const bool sums_bias = p.bias_grad != nullptr && slot == 0;
+  if (C * slot >= blocks[0] + blocks[1] && !sums_bias) return;  // past any union of the two lists: uniform
+
+  // The chunk: column -> block maps of both rows in the stage memory (padded to whole entries), then warp 0 ranks
+  // the union's entries.
+  const int n_keys = (p.n_block_cols + E - 1) / E, n_cols = n_keys * E;
+  int* maps = reinterpret_cast<int*>(&sh.stages[0]);
+  for (int i = int(threadIdx.x); i < 2 * n_cols; i += Cfg::kThreads) maps[i] = -1;
+  __syncthreads();
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    for (int i = int(threadIdx.x); i < blocks[r]; i += Cfg::kThreads) {
+      maps[r * n_cols + __ldg(p.col_indices + begin[r] + i)] = begin[r] + i;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int lane = int(threadIdx.x), first = C * slot;
+    int rank = 0;  // union entries below q0
+    for (int q0 = 0; q0 < n_keys && rank < first + C; q0 += 32) {
+      const int q = q0 + lane;
+      int b[2][E];  // [row][column of the entry]
+      int any = -1;
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        CUTE_UNROLL
+        for (int i = 0; i < E; ++i) {
+          b[r][i] = q < n_keys ? maps[r * n_cols + E * q + i] : -1;
+          any = max(any, b[r][i]);
+        }
+      }
+      const unsigned mask = __ballot_sync(0xffffffffu, any >= 0);
+      const int e = rank + __popc(mask & ((1u << lane) - 1u)) - first;
+      if (any >= 0 && e >= 0 && e < C) {
+        sh.chunk.key[e] = q;
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          CUTE_UNROLL
+          for (int i = 0; i < E; ++i) sh.chunk.block[r][E * e + i] = b[r][i];
+        }
+      }
+      rank += __popc(mask);
+    }
+    if (lane == 0) {
+      sh.chunk.count = max(0, min(C, rank - first));
+      sh.chunk.rows[0] = rows[0];
+      sh.chunk.rows[1] = rows[1];
+    }
+  }
+  cutlass::arch::fence_view_async_shared();  // the maps' generic-proxy accesses before the TMA loads overwrite them
+  __syncthreads();
+  const int count = sh.chunk.count;
+  if (count == 0 && !sums_bias) return;  // uniform
+  const int consumers = count * E > Cfg::kColsPerConsumer ? 2 : 1;
+  const int n_steps = int((p.m + BK - 1) / BK);
+
+  const int warpgroup = int(threadIdx.x) / 128;
+  sm90ws::init_pipeline<S>(sh.full, sh.empty, 128 * consumers);
+  if (sums_bias) {
+    for (int i = int(threadIdx.x); i < 8 * BK; i += Cfg::kThreads) sh.ones[i] = T(1.0f);
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read next by wgmma
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (threadIdx.x < 32) {
+      // Lane j < C loads union entry j's x tile, lanes C and C + 1 the two halves of the dy^T tile.
+      const int lane = int(threadIdx.x);
+      bool loads;
+      const CUtensorMap* map;
+      int feature, offset;  // offset: elements from the stage's start
+      if (lane < C) {
+        loads = lane < count;
+        map = &p.x_map;
+        feature = loads ? sh.chunk.key[lane] * 32 * E : 0;
+        offset = int(offsetof(typename Cfg::Stage, b)) / int(sizeof(T)) + lane * 32 * E * BK;
+      } else {
+        const int r = lane - C;
+        loads = r < 2 && rows[r] >= 0;
+        map = &p.dy_map;
+        feature = loads ? rows[r] * 32 : 0;
+        offset = r * 32 * BK;
+      }
+      const int bytes = count * Cfg::kBBoxBytes + (rows[1] >= 0 ? 2 : 1) * Cfg::kABoxBytes;
+      for (int it = 0; it < n_steps; ++it) {
+        const int s = it % S;
+        if (lane == 0) {
+          Barrier::wait(&sh.empty[s], ((it / S) & 1) ^ 1);
+          TxBarrier::arrive_and_expect_tx(&sh.full[s], bytes);
+        }
+        __syncwarp();
+        if (loads) {
+          sm90ws::tma_load_2d(reinterpret_cast<T*>(&sh.stages[s]) + offset, map, &sh.full[s], feature, it * BK);
+        }
+      }
+    }
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int h = __reduce_max_sync(0xffffffffu, warpgroup - 1);  // uniform register: the B descriptors too
+  if (h >= consumers) return;
+  // Each combination its own straight-line mainloop: a wgmma under a runtime condition inside the loop makes
+  // ptxas serialize the wgmmas (C7520).
+  if (count == 0) {
+    consume<Cfg, false, true>(p, sh, h, consumers, n_steps);
+  } else if (sums_bias && h == 0) {
+    consume<Cfg, true, true>(p, sh, h, consumers, n_steps);
+  } else {
+    consume<Cfg, true, false>(p, sh, h, consumers, n_steps);
+  }
+#else
+  __trap();
+#endif
+}
+
+// dy (M, R * 32), x (M, C * 32), out [nnz, 32, 32] (nnz >= 1), bias_grad (R * 32,) or nullptr; splits == 1.
+template <class Cfg>
+cudaError_t launch(const SddParams& sp, cudaStream_t stream) {
+  if (sp.nnz < 1 || sp.m < 1 || sp.splits != 1 || sp.row_order == nullptr || sp.out_f32 != nullptr ||
+      sp.n_block_cols > kSddB32MaxBlockCols) {
+    return cudaErrorInvalidValue;
+  }
+  const CUtensorMapDataType dtype = std::is_same<typename Cfg::T, cute::half_t>::value
+                                        ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                        : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  constexpr CUtensorMapSwizzle kSwizzle = CU_TENSOR_MAP_SWIZZLE_64B;
+  KernelParams p;
+  cudaError_t err = sm90ws::encode_2d_map(&p.dy_map, dtype, sp.dy, uint64_t(sp.n_block_rows) * 32, uint64_t(sp.m),
+                                          32, Cfg::BK, 2, kSwizzle);
+  if (err != cudaSuccess) return err;
+  // Column pairs: the last of an odd count reads past K, which the TMA fills with zeros (never stored).
+  err = sm90ws::encode_2d_map(&p.x_map, dtype, sp.x, uint64_t(sp.n_block_cols) * 32, uint64_t(sp.m),
+                              32 * Cfg::kEntryCols, Cfg::BK, 2,
+                              Cfg::kEntryCols == 2 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
+  if (err != cudaSuccess) return err;
+  err = sm90ws::encode_2d_map(&p.out_map, dtype, sp.out, 32, uint64_t(sp.nnz) * 32, 32, 32, 2, kSwizzle);
+  if (err != cudaSuccess) return err;
+  p.row_offsets = sp.row_offsets;
+  p.col_indices = sp.col_indices;
+  p.row_order = sp.row_order;
+  p.bias_grad = sp.bias_grad;
+  p.m = sp.m;
+  p.n_block_rows = sp.n_block_rows;
+  p.n_block_cols = sp.n_block_cols;
+  err = sm80::prepare<sdd_b32_kernel<Cfg>>(Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const int n_keys = (sp.n_block_cols + Cfg::kEntryCols - 1) / Cfg::kEntryCols;
+  const dim3 grid(unsigned((sp.n_block_rows + 1) / 2), unsigned((n_keys + Cfg::kChunk - 1) / Cfg::kChunk));
+  sdd_b32_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace sm90sddb32
+}  // namespace pbsng
