@@ -336,7 +336,7 @@ bool b32_hopper_for(int64_t lines, int64_t m, int64_t nnz, int64_t cells, int64_
 
 // The Hopper sdd for blocks of 32 (kernel_sm90_sdd_b32.cuh: a CTA per row pair and 16 columns of its union, M
 // unsplit). Measured against the SM80 sdd (H100, bf16, with the bias sum; benchmarks/results/ab_sdd_b32_*.txt,
-// with the entry width of b32_sdd_column_pairs): 8192 x 4096 -> 4096 1.8x / 2.2x / 3.5x / 6.6x faster at density
+// with the tile of b32_sdd_mode): 8192 x 4096 -> 4096 1.8x / 2.2x / 3.5x / 6.6x faster at density
 // 0.1 / 0.25 / 0.5 / 1.0, on 16384 x 1024 -> 4096, 4096 -> 1024 (M = 4096), 2048 and 1024 x 4096 -> 4096 1.4-5x
 // from 0.25 and 1.0-1.5x at 0.1, except where its CTAs fill less than a third of the SMs (4096 -> 1024 at density
 // 0.1: ~32 CTAs, 0.068-0.070 ms against 0.049-0.064). The CTAs are estimated for random rows; below 1024 rows not
@@ -352,27 +352,47 @@ bool b32_sdd_hopper_for(int64_t m, int64_t nnz, int64_t n_block_rows, int64_t n_
   return m >= 1024 && 3.0 * ctas >= double(sms);
 }
 
-// Whether the block-32 Hopper sdd takes its union by column pairs (64-feature x boxes) or single columns. A stage
-// of column pairs took ~0.9 us per CTA, one of single columns ~1.35-1.55 on full waves (H100, 8192 x 4096 -> 4096;
-// the TMA's rows per stage: 640 against 1152), but at low density half the pairs' bytes are absent columns and
-// the pairs make more CTAs (8192 x 4096 -> 4096 at density 0.1: 192 against 128, two waves against one).
-// Measured (benchmarks/results/ab_sdd_b32_*.txt, ms, single columns / column pairs), 8192 x 4096 -> 4096: density
-// 0.1 0.174 / 0.234, 0.25 0.366 / 0.356, 0.5 0.579 / 0.456, 1.0 0.792 / 0.470; on 16384 x 1024 -> 4096, 4096 ->
-// 1024 (M = 4096) and 2048 x 4096 -> 4096 alike: single columns 1.2-1.3x faster at 0.1, column pairs as fast or
-// faster from 0.25 (1.2-1.7x at 0.5 / 1.0). -1 (default): column pairs from density 0.2 (not measured between 0.1
-// and 0.25); 0: single columns; 1: column pairs.
-int64_t g_sdd_b32_column_pairs = -1;
-int64_t set_hopper_sdd_b32_column_pairs(int64_t mode) {
-  PBSNG_CHECK_VALUE(mode >= -1 && mode <= 1, "set_hopper_sdd_b32_column_pairs: mode=", mode,
-                    " must be -1 (auto), 0 (single columns) or 1 (column pairs)");
-  const int64_t previous = g_sdd_b32_column_pairs;
-  g_sdd_b32_column_pairs = mode;
+// The block-32 Hopper sdd's tile (kernel_sm90_sdd_b32.cuh, Mode): row pairs of row_order x single columns, row
+// pairs x column pairs (64-feature x boxes), or adjacent row quads x column pairs (each consumer its own row
+// pair's dy^T, both sharing the x tiles). The TMA issues a stage's loads row by row (~1.35 ns per row per SM on an
+// H100, whether 64 or 128 bytes), and the three take 1152 / 640 / 384 rows per stage for the same wgmma work, at
+// the cost of more absent blocks in the tile (a pair's union of single columns, of column pairs, a quad's union of
+// column pairs) and so more CTAs at low density. The CTAs of a pattern are about equally long, so the time is the
+// waves of CTAs times a stage's time: measured on full waves ~1.45 / ~0.9 / ~0.72 us (8192 x 4096 -> 4096). The
+// rule picks the mode of least modelled time, with the CTAs estimated for random rows (a pair's union holds a
+// column with probability 1 - (1 - d)^2, a column pair 1 - (1 - d)^4, a quad's 1 - (1 - d)^8). It took the fastest
+// mode, or one within 1 %, in all 15 cells measured (benchmarks/results/ab_sdd_b32_*.txt, call 4: 8192 x 4096 ->
+// 4096, 16384 x 1024 -> 4096, 4096 -> 1024 at M = 4096 from density 0.25, 2048 x 4096 -> 4096), e.g. 8192 x 4096 ->
+// 4096 at density 0.1 / 0.25 / 0.5 / 1.0: single columns 0.200 ms, column pairs 0.354, quads 0.365 / 0.370 (the
+// other modes 0.234-0.793). -1 (default): that rule; 0 / 1 / 2: that mode.
+int64_t g_sdd_b32_mode = -1;
+int64_t set_hopper_sdd_b32_mode(int64_t mode) {
+  PBSNG_CHECK_VALUE(mode >= -1 && mode <= 2, "set_hopper_sdd_b32_mode: mode=", mode,
+                    " must be -1 (auto), 0 (row pairs x columns), 1 (row pairs x column pairs) or 2 (row quads x "
+                    "column pairs)");
+  const int64_t previous = g_sdd_b32_mode;
+  g_sdd_b32_mode = mode;
   return previous;
 }
 
-bool b32_sdd_column_pairs(int64_t nnz, int64_t n_block_rows, int64_t n_block_cols) {
-  if (g_sdd_b32_column_pairs >= 0) return g_sdd_b32_column_pairs == 1;
-  return 5 * nnz >= n_block_rows * n_block_cols;
+int b32_sdd_mode(int64_t nnz, int64_t n_block_rows, int64_t n_block_cols, int64_t sms) {
+  if (g_sdd_b32_mode >= 0) return int(g_sdd_b32_mode);
+  const double density = double(nnz) / (double(n_block_rows) * double(n_block_cols));
+  const double col_pairs = double((n_block_cols + 1) / 2);
+  struct Tile { double groups, entries, per_cta, stage_us; };  // row groups, union entries per group
+  const Tile tiles[3] = {
+      {double((n_block_rows + 1) / 2), double(n_block_cols) * (1.0 - std::pow(1.0 - density, 2.0)), 16.0, 1.45},
+      {double((n_block_rows + 1) / 2), col_pairs * (1.0 - std::pow(1.0 - density, 4.0)), 8.0, 0.9},
+      {double((n_block_rows + 3) / 4), col_pairs * (1.0 - std::pow(1.0 - density, 8.0)), 4.0, 0.72}};
+  int best = 0;
+  double best_time = 0.0;
+  for (int mode = 0; mode < 3; ++mode) {
+    const Tile& t = tiles[mode];
+    const double ctas = t.groups * std::max(1.0, std::ceil(t.entries / t.per_cta));
+    const double time = std::ceil(ctas / double(sms)) * t.stage_us;
+    if (mode == 0 || time <= best_time) best = mode, best_time = time;
+  }
+  return best;
 }
 
 // The split for a dsd or dds of M rows with `tiles` 128-token tiles of `steps` k-steps of 64 per line (on average)
@@ -670,7 +690,7 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
               row_indices.data_ptr<int32_t>(), col_indices.data_ptr<int32_t>(), m, nnz, int(pat.n_block_rows),
               int(pat.n_block_cols), block, int(splits)};
   p.row_order = row_order.data_ptr<int32_t>();
-  if (hopper && block == 32) p.b32_column_pairs = b32_sdd_column_pairs(nnz, pat.n_block_rows, pat.n_block_cols);
+  if (hopper && block == 32) p.b32_mode = b32_sdd_mode(nnz, pat.n_block_rows, pat.n_block_cols, sms);
   if (split_pieces) {
     pieces = at::empty({sdd_sm90_piece_floats(split_items * splits)}, dy.options().dtype(at::kFloat));
     // The piece that finishes an item last zeroes its counter again (kernel_sm90_sdd.cuh).
@@ -769,9 +789,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "split the Hopper sdd's last partial wave of CTAs over M (blocks of 128; True, default); returns the previous "
         "setting",
         pybind11::arg("enabled"));
-  m.def("set_hopper_sdd_b32_column_pairs", &pbsng::set_hopper_sdd_b32_column_pairs,
-        "the block-32 Hopper sdd's union entries: -1 auto (default), 0 single columns, 1 column pairs; returns the "
-        "previous mode",
+  m.def("set_hopper_sdd_b32_mode", &pbsng::set_hopper_sdd_b32_mode,
+        "the block-32 Hopper sdd's tile: -1 auto (default), 0 row pairs x columns, 1 row pairs x column pairs, 2 row "
+        "quads x column pairs; returns the previous mode",
         pybind11::arg("mode"));
   m.def("set_hopper_blocks_of_32", &pbsng::set_hopper_blocks_of_32,
         "the Hopper dsd / dds / sdd for blocks of 32: -1 auto (default), 0 off, 1 wherever the Hopper kernels run; returns "

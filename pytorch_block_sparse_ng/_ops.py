@@ -48,7 +48,7 @@ except ImportError as error:
 __all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "sdd_with_bias_grad", "describe_build", "set_hopper_kernels",
            "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row", "set_hopper_tile_schedule",
            "set_hopper_pipeline_stages", "set_hopper_sdd_tail_split", "set_decode_max_rows",
-           "set_hopper_few_rows_split", "set_hopper_blocks_of_32", "set_hopper_sdd_b32_column_pairs",
+           "set_hopper_few_rows_split", "set_hopper_blocks_of_32", "set_hopper_sdd_b32_mode",
            "set_backward_overlap"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
@@ -112,12 +112,13 @@ def set_hopper_blocks_of_32(mode: int) -> int:
     return int(_C.set_hopper_blocks_of_32(int(mode)))
 
 
-def set_hopper_sdd_b32_column_pairs(mode: int) -> int:
-    """How the block-32 Hopper sdd walks a row pair's union of columns: -1 (default) column pairs from density 0.2,
-    where they measured as fast or faster (bindings.cpp, b32_sdd_column_pairs); 0: single columns (32-feature x
-    boxes: fewer CTAs and no absent columns loaded at low density); 1: column pairs (64-feature boxes, half the TMA
-    rows per stage). Returns the previous mode."""
-    return int(_C.set_hopper_sdd_b32_column_pairs(int(mode)))
+def set_hopper_sdd_b32_mode(mode: int) -> int:
+    """The block-32 Hopper sdd's tile: -1 (default) by density (bindings.cpp, b32_sdd_mode); 0: a row pair x 16
+    single columns of its union (32-feature x boxes: fewer CTAs and no absent columns loaded at low density); 1: a
+    row pair x 8 column pairs (64-feature boxes: half the TMA rows per stage); 2: four adjacent rows x 4 column
+    pairs of their union (each consumer its row pair, the x tiles shared: a third of the rows of mode 0). Returns the
+    previous mode."""
+    return int(_C.set_hopper_sdd_b32_mode(int(mode)))
 
 
 def set_hopper_sdd_min_blocks_per_row(blocks: int) -> int:

@@ -437,8 +437,9 @@ def _b32_pair_mask():
 @pytest.mark.parametrize("m", [1, 100, 1000], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t)[6:])
 def test_hopper_sdd_blocks_of_32_pairs(m, dtype):
-    """The block-32 Hopper sdd takes the rows in pairs of row_order and the union of each pair's columns (single
-    columns or column pairs) in chunks of 16 columns: every pairing of a pattern with full, empty, disjoint, equal and lone rows (the pairs in
+    """The block-32 Hopper sdd takes the rows in pairs of row_order (modes 0 and 1) or in adjacent quads (mode 2:
+    row order does not matter) and the union of their columns (single columns or column pairs) in chunks: every
+    pairing of a pattern with full, empty, disjoint, equal and lone rows (the pairs in
     order, reversed, and two random permutations), with and without the bias sum, against the reference; four
     calls in a row, the last on another stream, each output landing in a freed NaN-filled block of its size
     (an unstored block cannot pass), bitwise equal from call to call."""
@@ -460,16 +461,16 @@ def test_hopper_sdd_blocks_of_32_pairs(m, dtype):
     orders += [torch.randperm(rows, generator=generator) for _ in range(2)]
     previous = _ops.set_hopper_min_rows(1)
     previous_b32 = _ops.set_hopper_blocks_of_32(1)
-    previous_entries = _ops.set_hopper_sdd_b32_column_pairs(0)
+    previous_mode = _ops.set_hopper_sdd_b32_mode(0)
     try:
-        for entries, order in itertools.product((0, 1), orders):  # single columns, column pairs
-            _ops.set_hopper_sdd_b32_column_pairs(entries)
+        for mode, order in itertools.product((0, 1, 2), orders):
+            _ops.set_hopper_sdd_b32_mode(mode)
             index = list(w.indices())
             index[6] = order.to(device="cuda", dtype=torch.int32)  # row_order
             ref = reference.sdd(dy.float(), x.float(), *index, bshape)
             first = None
             for dw, dw_fused, db in _sdd_calls_on_two_streams(dy, x, index, bshape, w.data.shape):
-                case = f"sdd, blocks of 32, {('single columns', 'column pairs')[entries]}, row order {order.tolist()}"
+                case = f"sdd, blocks of 32, mode {mode}, row order {order.tolist()}"
                 assert_like_torch(case, dw, ref, torch_dw)
                 assert_like_torch(f"{case}, with bias", dw_fused, ref, torch_dw)
                 assert_like_torch(f"bias gradient, {case}", db, dy.float().sum(0), dy.sum(0))
@@ -480,7 +481,7 @@ def test_hopper_sdd_blocks_of_32_pairs(m, dtype):
     finally:
         _ops.set_hopper_min_rows(previous)
         _ops.set_hopper_blocks_of_32(previous_b32)
-        _ops.set_hopper_sdd_b32_column_pairs(previous_entries)
+        _ops.set_hopper_sdd_b32_mode(previous_mode)
 
 
 def _C_uses_hopper(block):
@@ -1231,7 +1232,7 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
     assert _ops.set_hopper_blocks_of_32(-1) == 1
     with pytest.raises(ValueError, match=r"mode=2 must be -1 \(auto\), 0 \(off\) or 1"):
         _ops.set_hopper_blocks_of_32(2)
-    assert _ops.set_hopper_sdd_b32_column_pairs(0) == -1
-    assert _ops.set_hopper_sdd_b32_column_pairs(-1) == 0
-    with pytest.raises(ValueError, match=r"mode=3 must be -1 \(auto\), 0 \(single columns\) or 1"):
-        _ops.set_hopper_sdd_b32_column_pairs(3)
+    assert _ops.set_hopper_sdd_b32_mode(2) == -1
+    assert _ops.set_hopper_sdd_b32_mode(-1) == 2
+    with pytest.raises(ValueError, match=r"mode=3 must be -1 \(auto\), 0 \(row pairs x columns\)"):
+        _ops.set_hopper_sdd_b32_mode(3)

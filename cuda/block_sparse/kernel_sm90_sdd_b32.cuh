@@ -3,31 +3,32 @@
 // atoms it uses) and with the helpers of kernel_sm90_ws.cuh.
 //
 // Why its own kernel: tokens are the reduction, so the wgmma M (64) and N must both be features, and a block row
-// of 32 fills only half an M. Here M is the 64 features of a row *pair* (entries 2p and 2p + 1 of row_order:
-// layout.pair_order puts rows that share many block columns side by side), N is 8 block columns of the union of
-// the pair's two lists (256 features), K the tokens. A union column that only one of the two rows keeps costs
-// the other row's half of the M (not stored): on random patterns ~2/3 of the work is kept blocks at density 0.5,
-// all of it at 1.0. The SM80 sdd it replaces ran at ~90 TFLOP/s (doc/kernels.md, "Blocks of 32 on Hopper").
-// Union entries (Cfg::kEntryCols): single columns (x boxes of 32 features, 64-byte rows) or column pairs (2c,
-// 2c + 1: boxes of 64 features, 128-byte rows). The TMA issues a stage's loads row by row, ~1.35 ns per row per SM
-// on an H100 whether the rows carry 64 or 128 bytes (this kernel with single columns, and the block-64 sdd), so
-// a stage of column pairs (640 rows) takes ~0.9 us against ~1.4-1.5 us for single columns (1152 rows), at the cost
-// of the absent column of a pair: faster from density ~0.25, while at 0.1 single columns make fewer CTAs (a wave
-// instead of two on 8192 x 4096 -> 4096; benchmarks/results/ab_sdd_b32_*.txt). The host picks (bindings.cpp,
-// b32_sdd_column_pairs). Bytes per stage: the dy^T tile (64 features x 64 tokens, two 32-feature boxes) and the x
-// tiles of 16 columns (64 tokens each), 72 KB per 2 x 64 x 256 x 64 MAC: the block-64 sdd's tile shape.
+// of 32 fills only half an M. Here a consumer's M is the 64 features of two block rows, its N 8 block columns
+// (256 features) of the union of its CTA's rows' lists, K the tokens (64 per stage); a union column that a row
+// lacks costs that row's part of the tile (not stored). Three tiles (Mode, below; the host picks by a model of
+// waves x stage time, bindings.cpp b32_sdd_mode):
+//   kColumns / kColumnPairs: a row pair of row_order (layout.pair_order puts rows that share many columns side by
+//     side), both consumers sharing its dy^T tile, each with its own 8 columns: as single columns (x boxes of 32
+//     features, 64-byte rows) or column pairs (2c, 2c + 1: boxes of 64 features, 128-byte rows);
+//   kQuads: four adjacent rows, consumer h taking rows 4q + 2h and 4q + 2h + 1 (one 64-feature dy^T box), both
+//     sharing the x tiles of 4 column pairs of the quad's union.
+// The TMA issues a stage's loads row by row, ~1.35 ns per row per SM on an H100 whether the rows carry 64 or 128
+// bytes (single columns, and the block-64 sdd), and the three tiles take 1152 / 640 / 384 rows per stage for the
+// same 2 x 64 x 256 x 64 MAC: ~1.45 / ~0.9 / ~0.72 us per stage measured on full waves, at the cost of more
+// absent blocks per tile (at density 0.1 single columns make a wave of CTAs on 8192 x 4096 -> 4096, quads three;
+// benchmarks/results/ab_sdd_b32_*.txt). The SM80 sdd they replace ran at ~90 TFLOP/s.
 //
-// One CTA: pair p (blockIdx.x) and chunk y (blockIdx.y) = 16 columns of union entries (16 columns or 8 column
-// pairs from entry 16y / 8y); consumer h takes 8 columns of them and computes a 64 x 256 tile with 64 x 256 x 16
-// wgmma, both operands MN-major (transposed views of row-major activations). The chunk is found at the CTA's
-// start: the two rows' column -> block maps in the (not yet loaded) stage memory, then warp 0 ranks the union by
-// ballots. CTAs past the pair's union exit; with the bias gradient, chunk 0 of every pair also sums its dy tiles
-// (a 64 x 8 wgmma against a tile of ones, as in kernel_sm90_sdd.cuh), even when the pair keeps no block.
-// Epilogue: the rounded 64 x 256 tile goes by stmatrix into the idle stage buffers, each 32 x 32 block
-// contiguous with the 64-byte swizzle, and each kept block leaves as one TMA store.
+// One CTA: row group g (blockIdx.x: a pair or a quad) and chunk y (blockIdx.y) of its union's entries (16 columns,
+// 8 or 4 column pairs). The chunk is found at the CTA's start: the rows' column -> block maps in the (not yet
+// loaded) stage memory, then warp 0 ranks the union by ballots. CTAs past the union exit; with the bias gradient,
+// chunk 0 of every group also sums its dy tiles (a 64 x 8 wgmma against a tile of ones, as in kernel_sm90_sdd.cuh),
+// even when the group keeps no block. Both operands are MN-major (transposed views of row-major activations).
+// Epilogue: the rounded 64 x 256 tile goes by stmatrix into the idle stage buffers, each 32 x 32 block contiguous
+// with the 64-byte swizzle, and each kept block leaves as one TMA store. No split of M, no workspace.
 //
-// Constraints: sm_90a only; fp16 / bf16; blocks of 32; 16-byte aligned activations; row_order pairs the rows;
-// the maps need 8 x n_block_cols bytes of the stage memory (n_block_cols <= kSddB32MaxBlockCols, params.h).
+// Constraints: sm_90a only; fp16 / bf16; blocks of 32; 16-byte aligned activations; row_order pairs the rows
+// (kColumns, kColumnPairs); the maps need 4 x rows x n_block_cols bytes of the stage memory (n_block_cols <=
+// kSddB32MaxBlockCols, params.h).
 #pragma once
 
 #include "block_sparse/kernel_sm90_sdd.cuh"
@@ -35,25 +36,33 @@
 namespace pbsng {
 namespace sm90sddb32 {
 
-template <class T_, bool ColumnPairs_>
+// A CTA's tile (see the top): row pairs x single columns, row pairs x column pairs, row quads x column pairs.
+enum Mode : int { kColumns = 0, kColumnPairs = 1, kQuads = 2 };
+
+template <class T_, int Mode_>
 struct Config {
   using T = T_;
   static constexpr int Block = 32;
-  static constexpr int BK = 64;                        // tokens per stage
-  static constexpr int kEntryCols = ColumnPairs_ ? 2 : 1;  // block columns per union entry (one x box)
-  static constexpr int kColsPerConsumer = 8;           // N = 8 x 32
-  static constexpr int kChunk = 2 * kColsPerConsumer / kEntryCols;  // union entries per CTA
-  static constexpr int kABoxBytes = 32 * BK * int(sizeof(T));  // a row's 32 features x 64 tokens, 4 KB
+  static constexpr int BK = 64;  // tokens per stage
+  static constexpr bool kQuads = Mode_ == Mode::kQuads;
+  static constexpr int kRows = kQuads ? 4 : 2;                 // block rows per CTA
+  static constexpr int kEntryCols = Mode_ == Mode::kColumns ? 1 : 2;  // block columns per union entry (one x box)
+  static constexpr int kChunkCols = kQuads ? 8 : 16;           // block columns per CTA
+  static constexpr int kColsPerConsumer = 8;                   // N = 8 x 32
+  static constexpr int kChunk = kChunkCols / kEntryCols;       // union entries per CTA
+  static constexpr int kAFeatures = kQuads ? 64 : 32;          // features per dy^T box (two boxes per stage)
+  static constexpr int kABoxBytes = kAFeatures * BK * int(sizeof(T));
   static constexpr int kBBoxBytes = 32 * kEntryCols * BK * int(sizeof(T));  // an entry's features x 64 tokens
-  static constexpr int kStages = 3;
+  static constexpr int kStages = kQuads ? 4 : 3;
   static constexpr int kThreads = 384;
-  // dy^T (64 features of the pair x BK tokens; 64-byte swizzle) and x (256 features x BK tokens; 64- or 128-byte
-  // swizzle: an entry's row), MN-major; the K atoms first (Step<_2, _1>), so that each row's 32 features and each
-  // entry's 32 / 64 are one contiguous TMA box (BK rows of 64 / 128 bytes).
-  using SmemLayoutA = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW64_Atom<T>{},
+  // dy^T (64 features x BK tokens; 64-byte swizzle for two rows' boxes, 128-byte for one box of a row pair) and x
+  // (256 features x BK tokens; 64- or 128-byte swizzle: an entry's row), MN-major; the K atoms first (Step<_2,
+  // _1>), so that each box is contiguous (BK rows of 64 / 128 bytes).
+  using SmemLayoutA = decltype(cute::tile_to_shape(cute::conditional_t<kQuads, cute::GMMA::Layout_MN_SW128_Atom<T>,
+                                                                       cute::GMMA::Layout_MN_SW64_Atom<T>>{},
                                                    cute::make_shape(cute::Int<64>{}, cute::Int<BK>{}),
                                                    cute::Step<cute::_2, cute::_1>{}));
-  using SmemLayoutB = decltype(cute::tile_to_shape(cute::conditional_t<ColumnPairs_, cute::GMMA::Layout_MN_SW128_Atom<T>,
+  using SmemLayoutB = decltype(cute::tile_to_shape(cute::conditional_t<kEntryCols == 2, cute::GMMA::Layout_MN_SW128_Atom<T>,
                                                                        cute::GMMA::Layout_MN_SW64_Atom<T>>{},
                                                    cute::make_shape(cute::Int<256>{}, cute::Int<BK>{}),
                                                    cute::Step<cute::_2, cute::_1>{}));
@@ -69,14 +78,14 @@ struct Config {
                                                          TiledMma{}));
 
   struct alignas(1024) Stage {
-    T a[64 * BK];
-    T b[2][256 * BK];
+    T a[kQuads ? 2 : 1][64 * BK];  // per consumer (kQuads) or shared
+    T b[kQuads ? 1 : 2][256 * BK];  // shared (kQuads) or per consumer
   };
   struct Chunk {
-    int key[kChunk];                // the chunk's union entries: columns key x kEntryCols ..
-    int block[2][2 * kColsPerConsumer];  // block of row r of the row pair in column j of the chunk, or -1
-    int rows[2];               // the pair's rows (rows[1] == -1: a row left alone)
-    int count;                 // entries in the chunk (0: the bias sum only)
+    int key[kChunk];                 // the chunk's union entries: columns key x kEntryCols ..
+    int block[kRows][kChunkCols];    // block of the CTA's row r in column j of the chunk (into data), or -1
+    int rows[kRows];                 // the CTA's rows (-1: none, past the pattern or a row left alone)
+    int count;                       // entries in the chunk (0: the bias sum only)
   };
   struct SharedStorage {
     Stage stages[kStages];
@@ -88,18 +97,18 @@ struct Config {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
   static_assert(2 * 64 * 256 * int(sizeof(T)) <= kStages * int(sizeof(Stage)), "both output tiles fit");
-  // The column -> block maps of the two rows (int32) live in the stage memory before the first load.
-  static constexpr int kMaxBlockCols = kStages * int(sizeof(Stage)) / (2 * int(sizeof(int))) - 2;
+  // The column -> block maps of the CTA's rows (int32) live in the stage memory before the first load.
+  static constexpr int kMaxBlockCols = kStages * int(sizeof(Stage)) / (kRows * int(sizeof(int))) - 2;
   static_assert(kMaxBlockCols >= kSddB32MaxBlockCols, "the host's limit (params.h) fits");
 };
 
 struct KernelParams {
-  CUtensorMap dy_map;   // (M, N), box 64 tokens x 32 features, 64-byte swizzle
+  CUtensorMap dy_map;   // (M, N), box 64 tokens x kAFeatures, 64- / 128-byte swizzle
   CUtensorMap x_map;    // (M, K), box 64 tokens x an entry's features (32 / 64), 64- / 128-byte swizzle
   CUtensorMap out_map;  // [nnz, 32, 32] as (nnz * 32 rows, 32), box 32 x 32
   const int32_t* row_offsets;
   const int32_t* col_indices;
-  const int32_t* row_order;  // pairs: entries 2p, 2p + 1
+  const int32_t* row_order;  // pairs: entries 2p, 2p + 1 (not kQuads)
   void* bias_grad;           // (N,) in T, or nullptr
   int64_t m;
   int n_block_rows;
@@ -131,8 +140,8 @@ __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::Sha
     // Warp-uniform by construction; the reduction tells ptxas so (descriptors on the uniform datapath).
     const int s = __reduce_max_sync(0xffffffffu, it % S);
     Barrier::wait(&sh.full[s], (it / S) & 1);
-    Tensor sA = make_tensor(make_smem_ptr(sh.stages[s].a), typename Cfg::SmemLayoutA{});
-    Tensor sB = make_tensor(make_smem_ptr(sh.stages[s].b[h]), typename Cfg::SmemLayoutB{});
+    Tensor sA = make_tensor(make_smem_ptr(sh.stages[s].a[Cfg::kQuads ? h : 0]), typename Cfg::SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(sh.stages[s].b[Cfg::kQuads ? 0 : h]), typename Cfg::SmemLayoutB{});
     warpgroup_fence_operand(acc);
     warpgroup_fence_operand(bias_acc);
     warpgroup_arrive();
@@ -157,7 +166,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::Sha
     CUTE_UNROLL
     for (int i = 0; i < size(bias_acc); ++i) {
       const int f = get<0>(bias_coord(i));
-      const int row = sh.chunk.rows[f / 32];
+      const int row = sh.chunk.rows[(Cfg::kQuads ? 2 * h : 0) + f / 32];
       if (get<1>(bias_coord(i)) == 0 && row >= 0) static_cast<T*>(p.bias_grad)[row * 32 + f % 32] = T(bias_acc(i));
     }
   }
@@ -175,8 +184,9 @@ __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::Sha
   cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read next by the TMA store
   cutlass::arch::NamedBarrier::sync(128, 2 + h);
   if (tid < 2 * Cfg::kColsPerConsumer) {  // one thread per block of the tile: (half r, column j)
-    const int r = tid % 2, j = tid / 2, column = Cfg::kColsPerConsumer * h + j;
-    const int block = column / Cfg::kEntryCols < sh.chunk.count ? sh.chunk.block[r][column] : -1;
+    const int r = tid % 2, j = tid / 2, column = Cfg::kQuads ? j : Cfg::kColsPerConsumer * h + j;
+    const int row = Cfg::kQuads ? 2 * h + r : r;
+    const int block = column / Cfg::kEntryCols < sh.chunk.count ? sh.chunk.block[row][column] : -1;
     if (block >= 0) {
       sm90ws::tma_store_2d(&p.out_map, staged + (r + 2 * j) * 32 * 32, 0, block * 32);
       sm90ws::tma_store_wait_read();  // shared memory must outlive the store's read
@@ -191,30 +201,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_b32_kernel(const __grid_
   using T = typename Cfg::T;
   using Barrier = cutlass::arch::ClusterBarrier;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
-  constexpr int S = Cfg::kStages, BK = Cfg::BK, C = Cfg::kChunk, E = Cfg::kEntryCols;
+  constexpr int S = Cfg::kStages, BK = Cfg::BK, C = Cfg::kChunk, E = Cfg::kEntryCols, R = Cfg::kRows;
   extern __shared__ char smem_raw[];
   auto& sh = sm90ws::aligned_shared_storage<typename Cfg::SharedStorage>(smem_raw);
 
-  const int pair = int(blockIdx.x), slot = int(blockIdx.y);
-  const int rows[2] = {__ldg(p.row_order + 2 * pair),
-                       2 * pair + 1 < p.n_block_rows ? __ldg(p.row_order + 2 * pair + 1) : -1};
-  int begin[2], blocks[2];
+  const int group = int(blockIdx.x), slot = int(blockIdx.y);
+  int rows[R], begin[R], blocks[R], total = 0;
   CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < R; ++r) {
+    const int i = R * group + r;  // kQuads: the rows themselves; else entries of row_order
+    rows[r] = i < p.n_block_rows ? (Cfg::kQuads ? i : __ldg(p.row_order + i)) : -1;
     begin[r] = rows[r] >= 0 ? __ldg(p.row_offsets + rows[r]) : 0;
     blocks[r] = rows[r] >= 0 ? __ldg(p.row_offsets + rows[r] + 1) - begin[r] : 0;
+    total += blocks[r];
   }
   const bool sums_bias = p.bias_grad != nullptr && slot == 0;
-  if (C * slot >= blocks[0] + blocks[1] && !sums_bias) return;  // past any union of the two lists: uniform
+  if (C * slot >= total && !sums_bias) return;  // past any union of the lists: uniform
 
   // The chunk: column -> block maps of both rows in the stage memory (padded to whole entries), then warp 0 ranks
   // the union's entries.
   const int n_keys = (p.n_block_cols + E - 1) / E, n_cols = n_keys * E;
   int* maps = reinterpret_cast<int*>(&sh.stages[0]);
-  for (int i = int(threadIdx.x); i < 2 * n_cols; i += Cfg::kThreads) maps[i] = -1;
+  for (int i = int(threadIdx.x); i < R * n_cols; i += Cfg::kThreads) maps[i] = -1;
   __syncthreads();
   CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < R; ++r) {
     for (int i = int(threadIdx.x); i < blocks[r]; i += Cfg::kThreads) {
       maps[r * n_cols + __ldg(p.col_indices + begin[r] + i)] = begin[r] + i;
     }
@@ -225,10 +236,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_b32_kernel(const __grid_
     int rank = 0;  // union entries below q0
     for (int q0 = 0; q0 < n_keys && rank < first + C; q0 += 32) {
       const int q = q0 + lane;
-      int b[2][E];  // [row][column of the entry]
+      int b[R][E];  // [row][column of the entry]
       int any = -1;
       CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < R; ++r) {
         CUTE_UNROLL
         for (int i = 0; i < E; ++i) {
           b[r][i] = q < n_keys ? maps[r * n_cols + E * q + i] : -1;
@@ -240,7 +251,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_b32_kernel(const __grid_
       if (any >= 0 && e >= 0 && e < C) {
         sh.chunk.key[e] = q;
         CUTE_UNROLL
-        for (int r = 0; r < 2; ++r) {
+        for (int r = 0; r < R; ++r) {
           CUTE_UNROLL
           for (int i = 0; i < E; ++i) sh.chunk.block[r][E * e + i] = b[r][i];
         }
@@ -249,15 +260,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_b32_kernel(const __grid_
     }
     if (lane == 0) {
       sh.chunk.count = max(0, min(C, rank - first));
-      sh.chunk.rows[0] = rows[0];
-      sh.chunk.rows[1] = rows[1];
+      CUTE_UNROLL
+      for (int r = 0; r < R; ++r) sh.chunk.rows[r] = rows[r];
     }
   }
   cutlass::arch::fence_view_async_shared();  // the maps' generic-proxy accesses before the TMA loads overwrite them
   __syncthreads();
   const int count = sh.chunk.count;
   if (count == 0 && !sums_bias) return;  // uniform
-  const int consumers = count * E > Cfg::kColsPerConsumer ? 2 : 1;
+  // kQuads: a consumer per row pair (the second only if the CTA has a third row); else a consumer per 8 columns.
+  const bool second_pair = R > 2 && rows[R - 2] >= 0;  // kQuads: rows 4q + 2, 4q + 3 exist
+  const int consumers = Cfg::kQuads ? (second_pair ? 2 : 1) : (count * E > Cfg::kColsPerConsumer ? 2 : 1);
   const int n_steps = int((p.m + BK - 1) / BK);
 
   const int warpgroup = int(threadIdx.x) / 128;
@@ -281,14 +294,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_b32_kernel(const __grid_
         map = &p.x_map;
         feature = loads ? sh.chunk.key[lane] * 32 * E : 0;
         offset = int(offsetof(typename Cfg::Stage, b)) / int(sizeof(T)) + lane * 32 * E * BK;
-      } else {
+      } else {  // kQuads: box r holds rows 4q + 2r, 4q + 2r + 1 (past N: zeros); else row r of the pair
         const int r = lane - C;
-        loads = r < 2 && rows[r] >= 0;
+        loads = r < 2 && (Cfg::kQuads ? rows[2 * r] >= 0 : rows[r] >= 0);
         map = &p.dy_map;
-        feature = loads ? rows[r] * 32 : 0;
-        offset = r * 32 * BK;
+        feature = loads ? (Cfg::kQuads ? rows[2 * r] : rows[r]) * 32 : 0;
+        offset = r * Cfg::kAFeatures * BK;
       }
-      const int bytes = count * Cfg::kBBoxBytes + (rows[1] >= 0 ? 2 : 1) * Cfg::kABoxBytes;
+      const int a_boxes = Cfg::kQuads ? (second_pair ? 2 : 1) : (rows[1] >= 0 ? 2 : 1);
+      const int bytes = count * Cfg::kBBoxBytes + a_boxes * Cfg::kABoxBytes;
       for (int it = 0; it < n_steps; ++it) {
         const int s = it % S;
         if (lane == 0) {
@@ -307,10 +321,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_b32_kernel(const __grid_
   const int h = __reduce_max_sync(0xffffffffu, warpgroup - 1);  // uniform register: the B descriptors too
   if (h >= consumers) return;
   // Each combination its own straight-line mainloop: a wgmma under a runtime condition inside the loop makes
-  // ptxas serialize the wgmmas (C7520).
+  // ptxas serialize the wgmmas (C7520). The sum: consumer 0 (its dy^T tile is the CTA's), both with kQuads.
   if (count == 0) {
     consume<Cfg, false, true>(p, sh, h, consumers, n_steps);
-  } else if (sums_bias && h == 0) {
+  } else if (sums_bias && (Cfg::kQuads || h == 0)) {
     consume<Cfg, true, true>(p, sh, h, consumers, n_steps);
   } else {
     consume<Cfg, true, false>(p, sh, h, consumers, n_steps);
@@ -323,24 +337,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_b32_kernel(const __grid_
 // dy (M, R * 32), x (M, C * 32), out [nnz, 32, 32] (nnz >= 1), bias_grad (R * 32,) or nullptr; splits == 1.
 template <class Cfg>
 cudaError_t launch(const SddParams& sp, cudaStream_t stream) {
-  if (sp.nnz < 1 || sp.m < 1 || sp.splits != 1 || sp.row_order == nullptr || sp.out_f32 != nullptr ||
+  if (sp.nnz < 1 || sp.m < 1 || sp.splits != 1 || (!Cfg::kQuads && sp.row_order == nullptr) || sp.out_f32 != nullptr ||
       sp.n_block_cols > kSddB32MaxBlockCols) {
     return cudaErrorInvalidValue;
   }
   const CUtensorMapDataType dtype = std::is_same<typename Cfg::T, cute::half_t>::value
                                         ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                         : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  constexpr CUtensorMapSwizzle kSwizzle = CU_TENSOR_MAP_SWIZZLE_64B;
   KernelParams p;
+  // kQuads: a box of two rows; past N (an odd row count) the TMA fills zeros (never stored).
   cudaError_t err = sm90ws::encode_2d_map(&p.dy_map, dtype, sp.dy, uint64_t(sp.n_block_rows) * 32, uint64_t(sp.m),
-                                          32, Cfg::BK, 2, kSwizzle);
+                                          Cfg::kAFeatures, Cfg::BK, 2,
+                                          Cfg::kQuads ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
   if (err != cudaSuccess) return err;
   // Column pairs: the last of an odd count reads past K, which the TMA fills with zeros (never stored).
   err = sm90ws::encode_2d_map(&p.x_map, dtype, sp.x, uint64_t(sp.n_block_cols) * 32, uint64_t(sp.m),
                               32 * Cfg::kEntryCols, Cfg::BK, 2,
                               Cfg::kEntryCols == 2 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
   if (err != cudaSuccess) return err;
-  err = sm90ws::encode_2d_map(&p.out_map, dtype, sp.out, 32, uint64_t(sp.nnz) * 32, 32, 32, 2, kSwizzle);
+  err = sm90ws::encode_2d_map(&p.out_map, dtype, sp.out, 32, uint64_t(sp.nnz) * 32, 32, 32, 2,
+                              CU_TENSOR_MAP_SWIZZLE_64B);
   if (err != cudaSuccess) return err;
   p.row_offsets = sp.row_offsets;
   p.col_indices = sp.col_indices;
@@ -352,7 +368,8 @@ cudaError_t launch(const SddParams& sp, cudaStream_t stream) {
   err = sm80::prepare<sdd_b32_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   const int n_keys = (sp.n_block_cols + Cfg::kEntryCols - 1) / Cfg::kEntryCols;
-  const dim3 grid(unsigned((sp.n_block_rows + 1) / 2), unsigned((n_keys + Cfg::kChunk - 1) / Cfg::kChunk));
+  const dim3 grid(unsigned((sp.n_block_rows + Cfg::kRows - 1) / Cfg::kRows),
+                  unsigned((n_keys + Cfg::kChunk - 1) / Cfg::kChunk));
   sdd_b32_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }

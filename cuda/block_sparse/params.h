@@ -88,10 +88,10 @@ struct SddParams {
   int sms = 0;
   float* tail_ws = nullptr;
   int* tail_counters = nullptr;
-  // Hopper sdd, blocks of 32 (kernel_sm90_sdd_b32.cuh): the rows in pairs (entries 2p and 2p + 1), splits == 1;
-  // the union of a pair's columns taken by column pairs (one 64-feature box each) or by single columns.
+  // Hopper sdd, blocks of 32 (kernel_sm90_sdd_b32.cuh), splits == 1: the tile's mode (sm90sddb32::Mode: 0 row pairs
+  // of row_order x single columns, 1 row pairs x column pairs, 2 adjacent row quads x column pairs).
   const int32_t* row_order = nullptr;
-  bool b32_column_pairs = true;
+  int b32_mode = 1;
 };
 
 // Launchers: one translation unit per product and dtype (dsd_f16.cu, dsd_bf16.cu, ...) specializes each.
@@ -108,10 +108,11 @@ template <DType D> cudaError_t launch_dsd_decode(const DsdParams& p, cudaStream_
 template <DType D> cudaError_t launch_dsd_sm90(const DsdParams& p, cudaStream_t stream);
 template <DType D> cudaError_t launch_dds_sm90(const DdsParams& p, cudaStream_t stream);
 // Hopper sdd for blocks 64 and 128: one CTA per (block row, chunk of sdd_sm90_chunk(B) of its blocks, split); for
-// blocks of 32 one CTA per (row pair of row_order, chunk of 16 columns of the pair's union), splits == 1.
+// blocks of 32 one CTA per (row pair or quad, chunk of 16 or 8 columns of their union), splits == 1.
 template <DType D> cudaError_t launch_sdd_sm90(const SddParams& p, cudaStream_t stream);
-// Blocks of 32: the kernel keeps two column -> block maps in its stage memory, so K is capped (in_features <= 512 Ki).
-constexpr int kSddB32MaxBlockCols = 16384;
+// Blocks of 32: the kernel keeps its rows' column -> block maps in its stage memory, so K is capped (in_features
+// <= 256 Ki).
+constexpr int kSddB32MaxBlockCols = 8192;
 inline int sdd_sm90_chunk(int block) { return block == 64 ? 8 : 2; }
 // The tail split's workspace: per piece (at most `sms`) and consumer, 128 threads x 132 fp32 values, and one
 // counter per tail item (at most `sms`) and consumer.

@@ -58,8 +58,13 @@
     /* 64 tokens per stage: 32 (twice the stages) measured 10 % slower for blocks of 64 on an H100 */      \
     switch (p.block) {                                                                                     \
       case 32:                                                                                             \
-        return p.b32_column_pairs ? sm90sddb32::launch<sm90sddb32::Config<T, true>>(p, stream)              \
-                                  : sm90sddb32::launch<sm90sddb32::Config<T, false>>(p, stream);            \
+        switch (p.b32_mode) {                                                                              \
+          case sm90sddb32::kColumns: return sm90sddb32::launch<sm90sddb32::Config<T, sm90sddb32::kColumns>>(p, stream); \
+          case sm90sddb32::kColumnPairs:                                                                   \
+            return sm90sddb32::launch<sm90sddb32::Config<T, sm90sddb32::kColumnPairs>>(p, stream);         \
+          case sm90sddb32::kQuads: return sm90sddb32::launch<sm90sddb32::Config<T, sm90sddb32::kQuads>>(p, stream); \
+          default: return cudaErrorInvalidValue;                                                           \
+        }                                                                                                  \
       case 64: return sm90sdd::launch_config<sm90sdd::Config<T, 64>>(p, stream);                          \
       case 128: return sm90sdd::launch_config<sm90sdd::Config<T, 128>>(p, stream);                        \
       default: return cudaErrorInvalidValue;                                                               \
