@@ -202,28 +202,25 @@ __device__ void find_working(const KernelParams& p, int rank, int& row, int& slo
   row = slot = -1;  // not reached: rank < W
 }
 
-// One consumer warpgroup h: the mainloop over the CTA's token steps and the stores. kBlocks: the chunk's
-// blocks (count > 0); kSum: this warpgroup also sums its dy^T tile (the bias gradient).
-template <class Cfg, bool kBlocks, bool kSum>
-__device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::SharedStorage& sh, int h,
-                                        int consumers, int row, int begin, int count, int n_steps, int tail_item,
-                                        int piece, int pieces) {
+// One consumer warpgroup's mainloop over n_steps token steps (also kernel_sm90_sdd_b32.cuh's): each stage's A
+// tile a_tile and B tile b_tile (of the Cfg's Stage) into acc, and with kSum the A tile's sums over the tokens
+// (against a tile of ones) into bias_acc; a stage is released once the next one's wgmma are issued and its own
+// have completed. Returns with every wgmma complete.
+template <class Cfg, bool kBlocks, bool kSum, class Acc, class BiasAcc>
+__device__ __forceinline__ void mainloop(typename Cfg::SharedStorage& sh, int n_steps, int a_tile, int b_tile,
+                                         Acc& acc, BiasAcc& bias_acc) {
   using namespace cute;
-  using T = typename Cfg::T;
   using Barrier = cutlass::arch::ClusterBarrier;
-  constexpr int S = Cfg::kStages, B = Cfg::Block;
+  constexpr int S = Cfg::kStages;
   const int tid = threadIdx.x % 128;
   typename Cfg::TiledMma mma;
   auto thr_mma = mma.get_thread_slice(tid);
-  Tensor acc = partition_fragment_C(mma, Shape<_64, _256>{});
-  clear(acc);
   typename Cfg::SumMma sum_mma;
   auto thr_sum = sum_mma.get_thread_slice(tid);
-  Tensor bias_acc = partition_fragment_C(sum_mma, Shape<_64, _8>{});
-  clear(bias_acc);
   Tensor tSrOnes = thr_sum.make_fragment_B(thr_sum.partition_B(
       make_tensor(make_smem_ptr(sh.ones), typename Cfg::SmemLayoutOnes{})));
-  const int a_tile = B == 64 ? 0 : h, b_tile = B == 64 ? h : 0;
+  clear(acc);
+  clear(bias_acc);
   int pending = -1;
   for (int it = 0; it < n_steps; ++it) {
     const int s = it % S;
@@ -248,6 +245,26 @@ __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::Sha
   warpgroup_wait<0>();
   warpgroup_fence_operand(acc);
   warpgroup_fence_operand(bias_acc);
+}
+
+// One consumer warpgroup h: the mainloop over the CTA's token steps and the stores. kBlocks: the chunk's
+// blocks (count > 0); kSum: this warpgroup also sums its dy^T tile (the bias gradient).
+template <class Cfg, bool kBlocks, bool kSum>
+__device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::SharedStorage& sh, int h,
+                                        int consumers, int row, int begin, int count, int n_steps, int tail_item,
+                                        int piece, int pieces) {
+  using namespace cute;
+  using T = typename Cfg::T;
+  constexpr int B = Cfg::Block;
+  const int tid = threadIdx.x % 128;
+  typename Cfg::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(tid);
+  Tensor acc = partition_fragment_C(mma, Shape<_64, _256>{});
+  typename Cfg::SumMma sum_mma;
+  auto thr_sum = sum_mma.get_thread_slice(tid);
+  Tensor bias_acc = partition_fragment_C(sum_mma, Shape<_64, _8>{});
+  const int a_tile = B == 64 ? 0 : h, b_tile = B == 64 ? h : 0;
+  mainloop<Cfg, kBlocks, kSum>(sh, n_steps, a_tile, b_tile, acc, bias_acc);
 
   bool stages_idle = false;  // barrier 1 passed: every wgmma of the CTA has read its stages
   // Blocks of 128 only: compiled into the block 64 kernel, this code (registers, spills in the epilogue) made

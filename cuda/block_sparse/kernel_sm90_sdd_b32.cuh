@@ -122,44 +122,13 @@ __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::Sha
                                         int n_steps) {
   using namespace cute;
   using T = typename Cfg::T;
-  using Barrier = cutlass::arch::ClusterBarrier;
-  constexpr int S = Cfg::kStages;
   const int tid = threadIdx.x % 128;
   typename Cfg::TiledMma mma;
-  auto thr_mma = mma.get_thread_slice(tid);
   Tensor acc = partition_fragment_C(mma, Shape<_64, _256>{});
-  clear(acc);
   typename Cfg::SumMma sum_mma;
   auto thr_sum = sum_mma.get_thread_slice(tid);
   Tensor bias_acc = partition_fragment_C(sum_mma, Shape<_64, _8>{});
-  clear(bias_acc);
-  Tensor tSrOnes = thr_sum.make_fragment_B(thr_sum.partition_B(
-      make_tensor(make_smem_ptr(sh.ones), typename Cfg::SmemLayoutOnes{})));
-  int pending = -1;
-  for (int it = 0; it < n_steps; ++it) {
-    // Warp-uniform by construction; the reduction tells ptxas so (descriptors on the uniform datapath).
-    const int s = __reduce_max_sync(0xffffffffu, it % S);
-    Barrier::wait(&sh.full[s], (it / S) & 1);
-    Tensor sA = make_tensor(make_smem_ptr(sh.stages[s].a[Cfg::kQuads ? h : 0]), typename Cfg::SmemLayoutA{});
-    Tensor sB = make_tensor(make_smem_ptr(sh.stages[s].b[Cfg::kQuads ? 0 : h]), typename Cfg::SmemLayoutB{});
-    warpgroup_fence_operand(acc);
-    warpgroup_fence_operand(bias_acc);
-    warpgroup_arrive();
-    if constexpr (kBlocks) {
-      gemm(mma, thr_mma.make_fragment_A(thr_mma.partition_A(sA)), thr_mma.make_fragment_B(thr_mma.partition_B(sB)),
-           acc);
-    }
-    if constexpr (kSum) gemm(sum_mma, thr_sum.make_fragment_A(thr_sum.partition_A(sA)), tSrOnes, bias_acc);
-    warpgroup_commit_batch();
-    warpgroup_wait<1>();
-    warpgroup_fence_operand(acc);
-    warpgroup_fence_operand(bias_acc);
-    if (pending >= 0) Barrier::arrive(&sh.empty[pending]);
-    pending = s;
-  }
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(acc);
-  warpgroup_fence_operand(bias_acc);
+  sm90sdd::mainloop<Cfg, kBlocks, kSum>(sh, n_steps, Cfg::kQuads ? h : 0, Cfg::kQuads ? 0 : h, acc, bias_acc);
 
   if constexpr (kSum) {  // every column of bias_acc holds the sum: column 0 is stored
     Tensor bias_coord = thr_sum.partition_C(make_identity_tensor(Shape<_64, _8>{}));
