@@ -1,6 +1,6 @@
 // sdd (dW_b = dy_r^T x_c on the kept blocks, reduced over the M tokens) with blocks of 32 on Hopper: TMA loads
 // and stores, an mbarrier pipeline and warp-specialized wgmma (sm_90a), like kernel_sm90_sdd.cuh (whose wgmma
-// atoms it uses) and with the helpers of kernel_sm90_ws.cuh.
+// atoms and consumer mainloop it uses) and with the helpers of kernel_sm90_ws.cuh.
 //
 // Why its own kernel: tokens are the reduction, so the wgmma M (64) and N must both be features, and a block row
 // of 32 fills only half an M. Here a consumer's M is the 64 features of two block rows, its N 8 block columns
