@@ -247,6 +247,22 @@ __device__ __forceinline__ void mainloop(typename Cfg::SharedStorage& sh, int n_
   warpgroup_fence_operand(bias_acc);
 }
 
+// A consumer's 64 x 256 fp32 tile, rounded to T, into shared memory at `staged` (Cfg::SmemLayoutOut) by stmatrix,
+// fenced for the TMA stores that read it next (also kernel_sm90_sdd_b32.cuh's).
+template <class Cfg, class Acc>
+__device__ __forceinline__ void stage_rounded(const Acc& acc, typename Cfg::T* staged) {
+  using namespace cute;
+  using T = typename Cfg::T;
+  Tensor values = make_tensor_like<T>(acc);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) values(i) = T(acc(i));
+  typename Cfg::TiledStoreOut store_out;
+  auto thr_store = store_out.get_thread_slice(threadIdx.x % 128);
+  copy(store_out, thr_store.retile_S(values),
+       thr_store.partition_D(make_tensor(make_smem_ptr(staged), typename Cfg::SmemLayoutOut{})));
+  cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read next by the TMA store
+}
+
 // One consumer warpgroup h: the mainloop over the CTA's token steps and the stores. kBlocks: the chunk's
 // blocks (count > 0); kSum: this warpgroup also sums its dy^T tile (the bias gradient).
 template <class Cfg, bool kBlocks, bool kSum>
@@ -337,14 +353,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::Sha
     // Stage buffers -> out by TMA: 64-column group g of the tile is one 64 x 64 box of `data`.
     if (!stages_idle) cutlass::arch::NamedBarrier::sync(128 * consumers, 1);  // every wgmma has read its stages
     T* staged = reinterpret_cast<T*>(&sh.stages[0]) + h * 64 * 256;
-    Tensor values = make_tensor_like<T>(acc);
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc); ++i) values(i) = T(acc(i));
-    typename Cfg::TiledStoreOut store_out;
-    auto thr_store = store_out.get_thread_slice(tid);
-    copy(store_out, thr_store.retile_S(values),
-         thr_store.partition_D(make_tensor(make_smem_ptr(staged), typename Cfg::SmemLayoutOut{})));
-    cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read next by the TMA store
+    stage_rounded<Cfg>(acc, staged);
     cutlass::arch::NamedBarrier::sync(128, 2 + h);
     if (tid == 0) {
       CUTE_UNROLL

@@ -143,14 +143,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, typename Cfg::Sha
 
   cutlass::arch::NamedBarrier::sync(128 * consumers, 1);  // every wgmma of the CTA has read its stages
   T* staged = reinterpret_cast<T*>(&sh.stages[0]) + h * 64 * 256;
-  Tensor values = make_tensor_like<T>(acc);
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc); ++i) values(i) = T(acc(i));
-  typename Cfg::TiledStoreOut store_out;
-  auto thr_store = store_out.get_thread_slice(tid);
-  copy(store_out, thr_store.retile_S(values),
-       thr_store.partition_D(make_tensor(make_smem_ptr(staged), typename Cfg::SmemLayoutOut{})));
-  cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read next by the TMA store
+  sm90sdd::stage_rounded<Cfg>(acc, staged);
   cutlass::arch::NamedBarrier::sync(128, 2 + h);
   if (tid < 2 * Cfg::kColsPerConsumer) {  // one thread per block of the tile: (half r, column j)
     const int r = tid % 2, j = tid / 2, column = Cfg::kQuads ? j : Cfg::kColsPerConsumer * h + j;
