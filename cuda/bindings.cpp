@@ -334,22 +334,18 @@ bool b32_hopper_for(int64_t lines, int64_t m, int64_t nnz, int64_t cells, int64_
   return 4 * ((lines + 7) / 8 * ((m + 127) / 128)) >= 3 * sms && 5 * nnz >= 2 * cells;
 }
 
-// The Hopper sdd for blocks of 32 (kernel_sm90_sdd_b32.cuh: a CTA per row pair and 16 columns of its union, M
-// unsplit). Measured against the SM80 sdd (H100, bf16, with the bias sum; benchmarks/results/ab_sdd_b32_*.txt,
-// with the tile of b32_sdd_mode): 8192 x 4096 -> 4096 1.8x / 2.2x / 3.5x / 6.6x faster at density
-// 0.1 / 0.25 / 0.5 / 1.0, on 16384 x 1024 -> 4096, 4096 -> 1024 (M = 4096), 2048 and 1024 x 4096 -> 4096 1.4-5x
-// from 0.25 and 1.0-1.5x at 0.1, except where its CTAs fill less than a third of the SMs (4096 -> 1024 at density
-// 0.1: ~32 CTAs, 0.068-0.070 ms against 0.049-0.064). The CTAs are estimated for random rows; below 1024 rows not
-// measured, so SM80 there. -1 (default): that rule; 0 / 1: set_hopper_blocks_of_32.
-bool b32_sdd_hopper_for(int64_t m, int64_t nnz, int64_t n_block_rows, int64_t n_block_cols, int64_t sms) {
-  if (n_block_cols > kSddB32MaxBlockCols || n_block_rows == 0 || n_block_cols == 0) return false;
-  if (g_hopper_b32 >= 0) return g_hopper_b32 == 1;
-  // CTAs with single columns for random rows (the host does not read the pattern): a row pair's union holds a
-  // column with probability 1 - (1 - d)^2, a CTA takes 16 of them.
-  const double density = double(nnz) / (double(n_block_rows) * double(n_block_cols));
-  const double union_columns = double(n_block_cols) * (1.0 - (1.0 - density) * (1.0 - density));
-  const double ctas = double((n_block_rows + 1) / 2) * std::ceil(union_columns / 16.0);
-  return m >= 1024 && 3.0 * ctas >= double(sms);
+// The Hopper sdd for blocks of 32 (kernel_sm90_sdd_b32.cuh: a CTA per row pair or quad and a chunk of their union,
+// M unsplit). Measured against the SM80 sdd (H100, bf16, with the bias sum; benchmarks/results/ab_sdd_b32_*.txt, with
+// the tile of b32_sdd_mode): 8192 x 4096 -> 4096 1.6x / 2.2x / 4.5x / 8.5x faster at density 0.1 / 0.25 / 0.5 / 1.0;
+// faster in every cell measured from 64 rows (calls 3-4 and 9-10: M = 64-16384 on 4096 x 4096, 1024 -> 4096, 4096
+// -> 1024 and 3072 -> 768, densities 0.1-1.0; 1.02-4.3x below 1024 rows, in graphs of 20 calls) but one tie (4096
+// -> 1024 at M = 4096, density 0.1: 0.052 ms against 0.051); at 16 rows 0.87-1.96x. So from 64 rows, whatever
+// set_hopper_min_rows says (the block-32 products have a rule of their own); -1 (default): that rule; 0: never; 1:
+// wherever the Hopper kernels run (M >= set_hopper_min_rows).
+bool b32_sdd_hopper_for(int device, int64_t m, int64_t nnz, int64_t n_block_rows, int64_t n_block_cols) {
+  if (n_block_cols > kSddB32MaxBlockCols || n_block_rows == 0 || n_block_cols == 0 || g_hopper_b32 == 0) return false;
+  if (g_hopper_b32 == 1) return use_hopper_for(device, 32, m, nnz);
+  return nnz > 0 && m >= 64 && hopper_device(device, 32);
 }
 
 // The block-32 Hopper sdd's tile (kernel_sm90_sdd_b32.cuh, Mode): row pairs of row_order x single columns, row
@@ -639,9 +635,9 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
   ProductDeviceGuard guard(dy.device());
   const int64_t m = dy.size(0), nnz = pat.nnz;
   const int64_t sms = multiprocessor_count(dy.device().index());
-  const bool hopper = use_hopper_for(dy.device().index(), block, m, nnz) &&
-                      (block != 32 || b32_sdd_hopper_for(m, nnz, pat.n_block_rows, pat.n_block_cols, sms)) &&
-                      (block != 64 || nnz >= g_hopper_sdd_min_blocks_per_row * pat.n_block_rows);
+  const bool hopper = block == 32 ? b32_sdd_hopper_for(dy.device().index(), m, nnz, pat.n_block_rows, pat.n_block_cols)
+                                  : use_hopper_for(dy.device().index(), block, m, nnz) &&
+                                        (block != 64 || nnz >= g_hopper_sdd_min_blocks_per_row * pat.n_block_rows);
   int64_t splits = 1;
   if (hopper) {
     // One CTA per (block row, chunk of its blocks), estimated as nnz / chunk plus, per row, half a chunk's free
