@@ -443,9 +443,9 @@ def test_hopper_sdd_blocks_of_32_pairs(m, dtype):
     order, reversed, and two random permutations), with and without the bias sum, against the reference; four
     calls in a row, the last on another stream, each output landing in a freed NaN-filled block of its size
     (an unstored block cannot pass), bitwise equal from call to call."""
-    from pytorch_block_sparse_ng import _ops
+    from pytorch_block_sparse_ng import _C, _ops
 
-    if not _C_uses_hopper(32):
+    if not _C.uses_hopper_kernels(torch.cuda.current_device(), 32):
         pytest.skip("this build has no sm_90a kernels")
     block = 32
     mask = _b32_pair_mask()
@@ -482,12 +482,6 @@ def test_hopper_sdd_blocks_of_32_pairs(m, dtype):
         _ops.set_hopper_min_rows(previous)
         _ops.set_hopper_blocks_of_32(previous_b32)
         _ops.set_hopper_sdd_b32_mode(previous_mode)
-
-
-def _C_uses_hopper(block):
-    from pytorch_block_sparse_ng import _C
-
-    return _C.uses_hopper_kernels(torch.cuda.current_device(), block)
 
 
 def _sdd_calls_on_two_streams(dy, x, index, block_shape, blocks_shape):
