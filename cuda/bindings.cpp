@@ -313,14 +313,15 @@ int64_t set_hopper_few_rows_split(int64_t split) {
   return previous;
 }
 
-// The Hopper dsd / dds for blocks of 32 (kernel_sm90_b32.cuh: 128 tokens x 8 lines per tile). Its stages are bound by
-// instruction latency (a branch and two 64 x 32 wgmma per line; doc/kernels.md, "Blocks of 32"), so it beats the
-// SM80 kernels only where its tiles fill the SMs and the density is >= ~0.35: H100, bf16, 8192 x 4096 -> 4096, dsd
-// 0.54 / 0.70 ms against 0.65 / 1.27 at density 0.5 / 1.0, but 0.21 / 0.38 against 0.18 / 0.34 at 0.1 / 0.25; on
-// 4096 x 4096 at M = 512 (64 tiles) 1.5x the SM80 kernel's time at density 0.5, at M = 1024 (128 tiles) 0.8x, the
-// dds 0.6-0.9x there and on 1024 -> 4096 at M = 4096 (benchmarks/results/b32_*.txt). -1 (default): that rule (tiles
-// >= 3/4 of the SMs, density >= 0.4); 0: never; 1: wherever the Hopper kernels run (tests, benchmarks). The same
-// mode switches the block-32 Hopper sdd (b32_sdd_hopper_for).
+// The Hopper dsd / dds for blocks of 32 (kernel_sm90_b32.cuh: 128 tokens x 8 lines per tile). It beats the SM80
+// kernels only where its tiles fill the SMs and the density is not low: H100, bf16, 8192 x 4096 -> 4096, with the
+// planned stages (session 27, benchmarks/results/b32_kernel_session27_*.txt) dsd 0.41 / 0.63 ms against 0.65 / 1.26 at
+// density 0.5 / 1.0 and 0.31 against 0.34 at 0.25, but 0.20 against 0.18 at 0.1 (the dds alike); before them
+// (session 24-25) on 4096 x 4096 at M = 512 (64 tiles) 1.5x the SM80 kernel's time at density 0.5, at M = 1024 (128
+// tiles) 0.8x (benchmarks/results/b32_*.txt). -1 (default): that rule (tiles >= 3/4 of the SMs, density >= 0.18:
+// the crossing between 0.1 and 0.25 on 8192 x 4096 -> 4096; on 16384 x 1024 -> 4096 at density 0.2 the Hopper dsd
+// took 0.17 ms against 0.22, the dds 0.157 against 0.160); 0: never; 1: wherever the Hopper kernels run (tests,
+// benchmarks). The same mode switches the block-32 Hopper sdd (b32_sdd_hopper_for).
 int64_t g_hopper_b32 = -1;
 int64_t set_hopper_blocks_of_32(int64_t mode) {
   PBSNG_CHECK_VALUE(mode >= -1 && mode <= 1, "set_hopper_blocks_of_32: mode=", mode, " must be -1 (auto), 0 (off) or 1");
@@ -330,8 +331,9 @@ int64_t set_hopper_blocks_of_32(int64_t mode) {
 }
 
 bool b32_hopper_for(int64_t lines, int64_t m, int64_t nnz, int64_t cells, int64_t sms) {
+  if (cells > int64_t(kB32MaxOtherBlocks) * lines) return false;  // the kernel's plans hold K <= 128 Ki
   if (g_hopper_b32 >= 0) return g_hopper_b32 == 1;
-  return 4 * ((lines + 7) / 8 * ((m + 127) / 128)) >= 3 * sms && 5 * nnz >= 2 * cells;
+  return 4 * ((lines + 7) / 8 * ((m + 127) / 128)) >= 3 * sms && 50 * nnz >= 9 * cells;
 }
 
 // The Hopper sdd for blocks of 32 (kernel_sm90_sdd_b32.cuh: a CTA per row pair or quad and a chunk of their union,

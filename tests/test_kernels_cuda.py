@@ -361,6 +361,9 @@ B32_CASES = [Case(m, i, o, d, 32, t) for m in (1, 65, 128, 129, 300) for (i, o) 
              for d in (0.0, 0.1, 0.5, 1.0) for t in DTYPES]
 B32_CASES += [Case(m, 32, 32, 1.0, 32, t) for m in (1, 200) for t in DTYPES]
 B32_CASES += [Case(2048, 4096, 4096, d, 32, torch.bfloat16) for d in (0.1, 0.5)]
+# The planned stages (session 27): 33 block columns (a second bitmap word holding one), lists longer than a batch
+# of 32 stages, for the dsd and (swapped) the dds.
+B32_CASES += [Case(300, i, o, d, 32, torch.bfloat16) for (i, o) in ((1056, 416), (416, 1056)) for d in (0.3, 1.0)]
 
 
 @pytest.mark.cuda

@@ -11,14 +11,13 @@
 // 2 x 128 x 8 d x 32 x 32 FLOP, 1.3x a dense 128 x 256 tile's at d = 0.5 (kernel_sm90_ws.cuh's tile of two 64-lines
 // has 1.33x at block 64).
 // 64 x 32 x 16 wgmma read A (2 KB) and B (1 KB) from shared memory for 32 K FMA: at the tensor cores' rate that is
-// ~1.5x shared memory's 128 B/clk, so this tile can reach ~2/3 of the tensor-core peak. Measured, it is bound by
-// instruction latency in both warp roles (a branch and two small wgmma per line and stage; doc/kernels.md,
-// "Blocks of 32 on Hopper"), not by the bytes it receives.
-//
-// Producer: warp 0 of warpgroup 0; lane l < 8 walks line l's sorted block list in batches loaded ahead
-// (LineBatches), the warp takes the smallest key (a block column) with one reduction, one stage ahead of the
-// issue, and each lane whose line has it issues its W tile's TMA load; lane 0 arms the stage and loads the
-// activation tile.
+// ~1.5x shared memory's 128 B/clk, so this tile can reach ~2/3 of the tensor-core peak. Measured, the single producer
+// warp's merge of the 8 lists bounded it (~130 dependent instructions per stage; doc/kernels.md, "Blocks of 32 on
+// Hopper"), so the producer is now two warps:
+//   warp 1 plans a tile at once (plan_tiles): its lines' block columns as bitmaps in shared memory, then one pass
+//          over the union's 32-column words writes each stage's column, lines and W slots into a ring;
+//   warp 0 issues (issue): per stage it waits for the free slot, lane 0 arms it and loads the activation tile,
+//          lane l loads line l's W block if the line has the column.
 // Epilogue: each consumer rounds its 64 tokens x 8 lines (+ bias), writes them by stmatrix into its own output
 // tiles (64-byte swizzle) and stores each line's 64 x 32 tile by TMA, which clips rows past M.
 //
@@ -47,7 +46,8 @@ struct Config {
   static constexpr int Block = 32;
   static constexpr bool TransposeW = TransposeW_;  // dds: B = W_b^T (MN-major)
   static constexpr int kLines = 8, kTokens = 128, BK = 32, kStages = Stages_, kSplit = 1;
-  static constexpr int kBatch = 8;      // block-list entries a producer lane loads at a time (LineBatches)
+  static constexpr int kMaxBlockCols = kB32MaxOtherBlocks;  // the activations' block columns (K / 32) a plan holds
+  static constexpr int kPlanBatch = 32, kPlanBatches = 3;  // the stage plans' ring: 3 batches of 32 stages
   static constexpr int kTileSlots = 4;  // tiles the producer may post ahead of the consumers
   static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
   static constexpr cute::GMMA::Major MajorB = TransposeW ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
@@ -82,62 +82,19 @@ struct Config {
     uint64_t lines_full[kTileSlots];  // producer -> consumers: the tile with its lines
     uint64_t lines_empty[kTileSlots];
     int tile_lines[kTileSlots][kLines + 2];  // tile, 8 lines, their count | 16 if any has a block
+    // The planner -> issuer ring (plan_tile, issue): per stage its block column, flags (as `flags`) and the 8
+    // lines' W slots; per batch the stage count (-1: no more tiles) and the tile's first token.
+    uint32_t line_columns[kLines][kMaxBlockCols / 32];  // the planned tile's lines as bitmaps of block columns
+    int plan_column[kPlanBatches][kPlanBatch];
+    int plan_flags[kPlanBatches][kPlanBatch];
+    int plan_slot[kPlanBatches][kPlanBatch][kLines];
+    int plan_count[kPlanBatches];
+    int plan_token0[kPlanBatches];
+    uint64_t plan_full[kPlanBatches];
+    uint64_t plan_empty[kPlanBatches];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
-};
-
-// A producer lane's line: its entries in batches of kBatch (keys, and slots for the dds), the next batch loaded
-// while the current one is used, so that the loads' latency (~0.5-1 us under load) is paid once per batch and
-// hidden, never per stage. (A queue shifted by one entry per stage made every stage wait for the last load: ~0.5 us
-// per stage, H100.) The current entry is the batch's first: the batch shifts by one at each advance (static
-// register indices; picking entry `pos` by selects, the compiler made it an indexed local-memory array).
-template <class Cfg>
-struct LineBatches {
-  static constexpr int N = Cfg::kBatch;
-  static constexpr bool kSlots = Cfg::TransposeW;  // the dsd's slot is the entry itself
-  int key[N], next_key[N];
-  int slot[kSlots ? N : 1], next_slot[kSlots ? N : 1];
-  int e, end, pos;
-
-  __device__ __forceinline__ void load(const KernelParams& p, int first, int (&k)[N], int (&s)[kSlots ? N : 1]) {
-    CUTE_UNROLL
-    for (int i = 0; i < N; ++i) {
-      k[i] = first + i < end ? __ldg(p.keys + first + i) : INT_MAX;
-      if constexpr (kSlots) s[i] = first + i < end ? __ldg(p.slots + first + i) : 0;
-    }
-  }
-  __device__ __forceinline__ void open(const KernelParams& p, int begin, int end_) {
-    e = begin, end = end_, pos = 0;
-    load(p, e, key, slot);
-    load(p, e + N, next_key, next_slot);
-  }
-  __device__ __forceinline__ int current_key() const { return key[0]; }
-  __device__ __forceinline__ int current_slot() const {
-    if constexpr (kSlots) {
-      return slot[0];
-    } else {
-      return e;
-    }
-  }
-  __device__ __forceinline__ void advance(const KernelParams& p) {
-    ++e;
-    if (++pos == N) {
-      pos = 0;
-      CUTE_UNROLL
-      for (int i = 0; i < N; ++i) {
-        key[i] = next_key[i];
-        if constexpr (kSlots) slot[i] = next_slot[i];
-      }
-      load(p, e + N, next_key, next_slot);
-    } else {  // the current batch arrived long ago: shifting it waits for nothing
-      CUTE_UNROLL
-      for (int i = 0; i + 1 < N; ++i) {
-        key[i] = key[i + 1];
-        if constexpr (kSlots) slot[i] = slot[i + 1];
-      }
-    }
-  }
 };
 
 // A shared-memory int written by another warp (ld.volatile.shared: a generic volatile load is a system-scope LD).
@@ -147,77 +104,166 @@ __device__ __forceinline__ int load_shared_volatile(const int* p) {
   return v;
 }
 
+// The producer is two warps (doc/kernels.md, "Blocks of 32 on Hopper", session 27): the merge of a tile's 8 block
+// lists into stages took ~130 dependent instructions per stage in the one warp that also issued the loads, and
+// bounded the kernel. Now warp 1 plans each tile at once: the lines' block columns become bitmaps in shared
+// memory, and one pass over their union's words writes every stage's column, lines and W slots (32 stages per
+// warp step) into a ring; warp 0 only reads a stage's plan and issues its loads.
+
+// Warp 1: takes the tiles (the first is blockIdx.x, then the counter), posts each to the consumers with its
+// lines, and writes its stages' plans into the ring, in batches that never mix tiles.
 template <class Cfg>
-__device__ __forceinline__ void produce(const KernelParams& p, typename Cfg::SharedStorage& sh) {
+__device__ __forceinline__ void plan_tiles(const KernelParams& p, typename Cfg::SharedStorage& sh) {
   using Barrier = cutlass::arch::ClusterBarrier;
-  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
-  constexpr int S = Cfg::kStages, B = Cfg::Block;
+  constexpr int L = Cfg::kLines, NB = Cfg::kPlanBatches, PB = Cfg::kPlanBatch;
   const int lane = threadIdx.x % 32;
-  int it = 0, unit = blockIdx.x;
-  LineBatches<Cfg> list;
+  const int words = (p.n_keys + 31) / 32;
+  int batch = 0;  // batches written so far: the ring slot is batch % NB, its phase (batch / NB) & 1
+  int unit = blockIdx.x;
   for (int n = 0;; ++n) {
+    // A tile starts a batch of its own; waiting for that slot first means the next unit is claimed only when the
+    // issuer has at most NB - 1 batches of the current tile left (tiles are handed out late: the SMs end together).
+    const int slot = batch % NB;
+    Barrier::wait(&sh.plan_empty[slot], ((batch / NB) & 1) ^ 1);
+    if (n > 0) {
+      int next = 0;
+      if (lane == 0) next = sm90ws::next_unit<Cfg>(p, unit);
+      unit = __shfl_sync(0xffffffffu, next, 0);
+    }
     const int tile = unit < p.n_tiles ? sm90ws::tile_of(p, unit) : p.n_tiles;
     const int group = tile % p.n_groups, token0 = tile / p.n_groups * Cfg::kTokens;
-    // Lane l < 8: line l of the tile and its block list.
-    const int idx = group * Cfg::kLines + lane;
-    const bool mine = tile < p.n_tiles && lane < Cfg::kLines && idx < p.n_lines;
+    const int idx = group * L + lane;
+    const bool mine = tile < p.n_tiles && lane < L && idx < p.n_lines;
     const int line = mine ? __ldg(p.order + idx) : 0;
-    list.open(p, mine ? __ldg(p.offsets + line) : 0, mine ? __ldg(p.offsets + line + 1) : 0);
-    const int lines = tile < p.n_tiles ? min(Cfg::kLines, p.n_lines - group * Cfg::kLines) : 0;
-    const bool any_block = __any_sync(0xffffffffu, list.e < list.end);
+    const int begin = mine ? __ldg(p.offsets + line) : 0, end = mine ? __ldg(p.offsets + line + 1) : 0;
+    const int lines = tile < p.n_tiles ? min(L, p.n_lines - group * L) : 0;
+    const bool any_block = __any_sync(0xffffffffu, begin < end);
     // Post the tile (a number >= n_tiles tells the consumers to stop).
     const int q = n % Cfg::kTileSlots;
     Barrier::wait(&sh.lines_empty[q], ((n / Cfg::kTileSlots) & 1) ^ 1);
-    if (lane < Cfg::kLines) sh.tile_lines[q][1 + lane] = line;
+    if (lane < L) sh.tile_lines[q][1 + lane] = line;
     if (lane == 0) {
       sh.tile_lines[q][0] = tile;
-      sh.tile_lines[q][Cfg::kLines + 1] = lines | (int(any_block) << 4);
+      sh.tile_lines[q][L + 1] = lines | (int(any_block) << 4);
     }
     __syncwarp();
     if (lane == 0) Barrier::arrive(&sh.lines_full[q]);
-    if (tile >= p.n_tiles) break;
-    // The next unit is taken when at most 2 entries of any line are left (see kernel_sm90_ws.cuh's claim).
-    int following = -1;
-    auto claim = [&](int left) {
-      if (lane == 0 && following < 0 && left <= 2) following = sm90ws::next_unit<Cfg>(p, unit);
-    };
-    claim(__reduce_max_sync(0xffffffffu, list.end - list.e));
-    // The merge runs one stage ahead of the issue: stage i + 1's column, lines and slots are found before stage
-    // i waits for its free slot and issues its loads, so that the two dependent chains overlap (without that the
-    // producer's chain took ~0.3 us per stage, whatever the loads: H100 diagnostic, doc/kernels.md).
-    auto merge = [&](int& column, unsigned& mask, int& w_slot, int& left) {
-      const int key = list.current_key();
-      column = __reduce_min_sync(0xffffffffu, key);
-      const bool has = key == column && column != INT_MAX;
-      mask = __ballot_sync(0xffffffffu, has);
-      w_slot = list.current_slot();
-      if (has) list.advance(p);
-      left = __reduce_max_sync(0xffffffffu, list.end - list.e);
-    };
-    int column, w_slot, left;
-    unsigned mask;
-    merge(column, mask, w_slot, left);
-    while (column != INT_MAX) {
-      int next_column, next_slot, next_left;
-      unsigned next_mask;
-      merge(next_column, next_mask, next_slot, next_left);
+    if (tile >= p.n_tiles) {
+      if (lane == 0) {
+        sh.plan_count[slot] = -1;
+        Barrier::arrive(&sh.plan_full[slot]);
+      }
+      break;
+    }
+    if (!any_block) continue;  // no stage: the consumers store the bias alone
+
+    // The lines' block columns as bitmaps (keys are sorted and unique per line, so each bit is set once).
+    for (int i = lane; i < L * words; i += 32) sh.line_columns[i / words][i % words] = 0;
+    __syncwarp();
+    // Every lane walks all 8 lists, 32 entries at a time: lane j takes entry j of each chunk.
+    CUTE_UNROLL
+    for (int l = 0; l < L; ++l) {
+      const int b_l = __shfl_sync(0xffffffffu, begin, l), e_l = __shfl_sync(0xffffffffu, end, l);
+      for (int e = b_l + lane; e < e_l; e += 32) {
+        const int key = __ldg(p.keys + e);
+        atomicOr(&sh.line_columns[l][key >> 5], 1u << (key & 31));
+      }
+    }
+    __syncwarp();
+    // One pass over the union's words: lane i of a word takes its i-th block column, if any.
+    int entry = begin;  // lane l < 8: line l's next entry
+    int fill = 0;       // stages in the current batch
+    int last_slot = slot, last_index = 0;
+    for (int w = 0; w < words; ++w) {
+      const uint32_t mine_bits = lane < L ? sh.line_columns[lane][w] : 0u;
+      const uint32_t any = __reduce_or_sync(0xffffffffu, mine_bits);
+      if (any == 0) continue;
+      const int count = __popc(any);
+      const int bit = lane < count ? int(__fns(any, 0, lane + 1)) : 0;
+      int flags = 0, slots[L];
+      CUTE_UNROLL
+      for (int l = 0; l < L; ++l) {
+        const uint32_t bits_l = __shfl_sync(0xffffffffu, mine_bits, l);
+        const bool has = lane < count && ((bits_l >> bit) & 1);
+        const unsigned voters = __ballot_sync(0xffffffffu, has);
+        const int e = __shfl_sync(0xffffffffu, entry, l) + __popc(voters & ((1u << lane) - 1));
+        slots[l] = has ? (Cfg::TransposeW ? __ldg(p.slots + e) : e) : 0;
+        flags |= int(has) << l;
+        if (lane == l) entry += __popc(voters);
+      }
+      // Write the word's stages, starting new batches as they fill.
+      for (int done = 0; done < count;) {
+        int cur = batch % NB;
+        if (fill == PB) {  // publish the full batch, wait for the next slot
+          __syncwarp();    // every lane's writes to it come first
+          if (lane == 0) {
+            sh.plan_count[cur] = fill;
+            sh.plan_token0[cur] = token0;
+            Barrier::arrive(&sh.plan_full[cur]);
+          }
+          ++batch, fill = 0;
+          cur = batch % NB;
+          Barrier::wait(&sh.plan_empty[cur], ((batch / NB) & 1) ^ 1);
+        }
+        const int take = min(count - done, PB - fill);
+        const int at = fill + lane - done;
+        if (lane >= done && lane < done + take) {
+          sh.plan_column[cur][at] = w * 32 + bit;
+          sh.plan_flags[cur][at] = flags;
+          CUTE_UNROLL
+          for (int l = 0; l < L; ++l) sh.plan_slot[cur][at][l] = slots[l];
+        }
+        last_slot = cur, last_index = fill + take - 1;
+        fill += take, done += take;
+      }
+    }
+    __syncwarp();
+    if (lane == 0) {  // the tile's last stage ends the consumers' mainloop; publish the batch
+      sh.plan_flags[last_slot][last_index] |= 256;
+      sh.plan_count[last_slot] = fill;
+      sh.plan_token0[last_slot] = token0;
+      Barrier::arrive(&sh.plan_full[last_slot]);
+    }
+    ++batch;
+  }
+  if (lane == 0) sm90ws::count_out(p);
+}
+
+// Warp 0: per planned stage, waits for its free slot, arms it, and issues the activation tile (lane 0) and the W
+// blocks (lane l for line l).
+template <class Cfg>
+__device__ __forceinline__ void issue(const KernelParams& p, typename Cfg::SharedStorage& sh) {
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int S = Cfg::kStages, B = Cfg::Block, NB = Cfg::kPlanBatches;
+  const int lane = threadIdx.x % 32;
+  int it = 0;
+  for (int batch = 0;; ++batch) {
+    const int slot = batch % NB;
+    Barrier::wait(&sh.plan_full[slot], (batch / NB) & 1);
+    const int count = load_shared_volatile(&sh.plan_count[slot]);
+    if (count < 0) break;
+    const int token0 = load_shared_volatile(&sh.plan_token0[slot]);
+    for (int i = 0; i < count; ++i, ++it) {
+      const int column = load_shared_volatile(&sh.plan_column[slot][i]);
+      const int flags = load_shared_volatile(&sh.plan_flags[slot][i]);
+      const int w_slot = lane < Cfg::kLines ? load_shared_volatile(&sh.plan_slot[slot][i][lane]) : 0;
       const int s = it % S;
       Barrier::wait(&sh.empty[s], ((it / S) & 1) ^ 1);
       if (lane == 0) {
-        sh.flags[s] = int(mask) | (int(left == 0) << 8);
-        TxBarrier::arrive_and_expect_tx(&sh.full[s], Cfg::kActTileBytes + __popc(mask) * Cfg::kWTileBytes);
+        sh.flags[s] = flags;
+        TxBarrier::arrive_and_expect_tx(&sh.full[s],
+                                        Cfg::kActTileBytes + __popc(flags & 0xff) * Cfg::kWTileBytes);
         sm90ws::tma_load_2d(sh.stages[s].act, &p.act_map, &sh.full[s], column * B, token0);
       }
       __syncwarp();  // the stage is armed before its W loads
-      if ((mask >> lane) & 1) sm90ws::tma_load_2d(sh.stages[s].w[lane], &p.data_map, &sh.full[s], 0, w_slot * B);
-      ++it;
-      claim(left);
-      column = next_column, mask = next_mask, w_slot = next_slot, left = next_left;
+      if (lane < Cfg::kLines && ((flags >> lane) & 1)) {  // (bit 8 marks the tile's last stage)
+        sm90ws::tma_load_2d(sh.stages[s].w[lane], &p.data_map, &sh.full[s], 0, w_slot * B);
+      }
     }
-    claim(0);  // a tile without blocks made no stage
-    unit = __shfl_sync(0xffffffffu, following, 0);
+    __syncwarp();
+    if (lane == 0) Barrier::arrive(&sh.plan_empty[slot]);  // after the batch's last read
   }
-  if (lane == 0) sm90ws::count_out(p);
 }
 
 template <class Cfg>
@@ -235,13 +281,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
       Barrier::init(&sh.lines_full[q], 1);
       Barrier::init(&sh.lines_empty[q], 256);  // both consumers
     }
+    for (int b = 0; b < Cfg::kPlanBatches; ++b) {
+      Barrier::init(&sh.plan_full[b], 1);   // the planner's lane 0
+      Barrier::init(&sh.plan_empty[b], 1);  // the issuer's lane 0
+    }
   }
   sm90ws::init_pipeline<S>(sh.full, sh.empty, 256);  // its fence covers the inits above (same thread)
   __syncthreads();
 
   if (warpgroup == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<96>();  // the producer lanes hold two batches of their line's entries
-    if (threadIdx.x < 32) produce<Cfg>(p, sh);
+    cutlass::arch::warpgroup_reg_dealloc<96>();
+    if (threadIdx.x < 32) issue<Cfg>(p, sh);
+    else if (threadIdx.x < 64) plan_tiles<Cfg>(p, sh);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<200>();
@@ -358,6 +409,7 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
                    const void* bias, void* out, int sms, cudaStream_t stream) {
   using Cfg = Config<T, TransposeW>;
   if (m == 0 || n_lines == 0) return cudaSuccess;
+  if (n_other > Cfg::kMaxBlockCols) return cudaErrorInvalidValue;  // the binding's rule keeps these on SM80
   constexpr int B = Cfg::Block;
   const CUtensorMapDataType dtype = std::is_same<T, cute::half_t>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                                          : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;

@@ -113,6 +113,9 @@ template <DType D> cudaError_t launch_sdd_sm90(const SddParams& p, cudaStream_t 
 // Blocks of 32: the kernel keeps its rows' column -> block maps in its stage memory, so K is capped (in_features
 // <= 256 Ki).
 constexpr int kSddB32MaxBlockCols = 8192;
+// The block-32 dsd / dds plan each tile's stages from bitmaps of the other operand's block columns in shared
+// memory, so that operand is capped too (K <= 128 Ki).
+constexpr int kB32MaxOtherBlocks = 4096;
 inline int sdd_sm90_chunk(int block) { return block == 64 ? 8 : 2; }
 // The tail split's workspace: per piece (at most `sms`) and consumer, 128 threads x 132 fp32 values, and one
 // counter per tail item (at most `sms`) and consumer.
