@@ -82,7 +82,7 @@ struct Config {
     uint64_t lines_full[kTileSlots];  // producer -> consumers: the tile with its lines
     uint64_t lines_empty[kTileSlots];
     int tile_lines[kTileSlots][kLines + 2];  // tile, 8 lines, their count | 16 if any has a block
-    // The planner -> issuer ring (plan_tile, issue): per stage its block column, flags (as `flags`) and the 8
+    // The planner -> issuer ring (plan_tiles, issue): per stage its block column, flags (as `flags`) and the 8
     // lines' W slots; per batch the stage count (-1: no more tiles) and the tile's first token.
     uint32_t line_columns[kLines][kMaxBlockCols / 32];  // the planned tile's lines as bitmaps of block columns
     int plan_column[kPlanBatches][kPlanBatch];
