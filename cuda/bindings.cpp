@@ -320,8 +320,9 @@ int64_t set_hopper_few_rows_split(int64_t split) {
 // (session 24-25) on 4096 x 4096 at M = 512 (64 tiles) 1.5x the SM80 kernel's time at density 0.5, at M = 1024 (128
 // tiles) 0.8x (benchmarks/results/b32_*.txt). -1 (default): that rule (tiles >= 3/4 of the SMs, density >= 0.18:
 // the crossing between 0.1 and 0.25 on 8192 x 4096 -> 4096; on 16384 x 1024 -> 4096 at density 0.2 the Hopper dsd
-// took 0.17 ms against 0.22, the dds 0.157 against 0.160); 0: never; 1: wherever the Hopper kernels run (tests,
-// benchmarks). The same mode switches the block-32 Hopper sdd (b32_sdd_hopper_for).
+// took 0.17 ms against 0.22, the dds 0.157 against 0.160; from session 28 also density >= 0.05 on many tiles, see
+// b32_hopper_for); 0: never; 1: wherever the Hopper kernels run (tests, benchmarks). The same mode switches the
+// block-32 Hopper sdd (b32_sdd_hopper_for).
 int64_t g_hopper_b32 = -1;
 int64_t set_hopper_blocks_of_32(int64_t mode) {
   PBSNG_CHECK_VALUE(mode >= -1 && mode <= 1, "set_hopper_blocks_of_32: mode=", mode, " must be -1 (auto), 0 (off) or 1");
@@ -330,10 +331,40 @@ int64_t set_hopper_blocks_of_32(int64_t mode) {
   return previous;
 }
 
+// The block-32 dsd / dds tiles: 8 lines x 128 tokens.
+int64_t b32_tiles(int64_t lines, int64_t m) { return (lines + 7) / 8 * ((m + 127) / 128); }
+
+// Below density 0.18, on >= 4 x the SMs' tiles, the kernel with two block columns per stage (b32_columns_for) beat
+// SM80 too (session 28, benchmarks/results/b32_kernel_session28_*.txt, call 7): 8192 x 4096 -> 4096 dsd / dds
+// 0.97-0.98x SM80's time at density 0.05 and 0.1, 0.93x at 0.15; the dsd of 16384 x 1024 -> 4096 0.64-0.74x. Below
+// density 0.05 nothing was measured: SM80.
 bool b32_hopper_for(int64_t lines, int64_t m, int64_t nnz, int64_t cells, int64_t sms) {
   if (cells > int64_t(kB32MaxOtherBlocks) * lines) return false;  // the kernel's plans hold K <= 128 Ki
   if (g_hopper_b32 >= 0) return g_hopper_b32 == 1;
-  return 4 * ((lines + 7) / 8 * ((m + 127) / 128)) >= 3 * sms && 50 * nnz >= 9 * cells;
+  const int64_t tiles = b32_tiles(lines, m);
+  if (4 * tiles < 3 * sms) return false;
+  return 50 * nnz >= 9 * cells || (tiles >= 4 * sms && 20 * nnz >= cells);
+}
+
+// Block columns per stage of the block-32 Hopper dsd / dds (kernel_sm90_b32.cuh, Config::kCols). Two columns halve
+// the stages' fixed cost (~0.27 us a stage on an H100, measured with neither loads nor wgmma) but leave 3 stages
+// of two columns where one column has 6. Measured (H100, bf16, call 7 of session 28, two columns' time over one
+// column's): 8192 x 4096 -> 4096 0.86-0.96x at density 0.05-0.3 (dsd and dds), 1.02-1.08x from 0.5; the dsd of
+// 16384 x 1024 -> 4096 (2048 tiles) 0.97-0.98x at 0.05-0.5, its dds (512 tiles) 1.08x at 0.05 / 0.1, 1.05x at 0.3;
+// 2048 x 4096 -> 4096 (256 tiles) and 4096 -> 1024 at M = 4096 (128 / 512 tiles) 0.96-1.08x. So two columns from
+// 4 x the SMs' tiles at density <= 0.3. -1 (default): that rule; 1 / 2: that many columns per stage.
+int64_t g_hopper_b32_columns = -1;
+int64_t set_hopper_b32_columns(int64_t columns) {
+  PBSNG_CHECK_VALUE(columns == -1 || columns == 1 || columns == 2, "set_hopper_b32_columns: columns=", columns,
+                    " must be -1 (auto), 1 or 2");
+  const int64_t previous = g_hopper_b32_columns;
+  g_hopper_b32_columns = columns;
+  return previous;
+}
+
+int b32_columns_for(int64_t lines, int64_t m, int64_t nnz, int64_t cells, int64_t sms) {
+  if (g_hopper_b32_columns > 0) return int(g_hopper_b32_columns);
+  return b32_tiles(lines, m) >= 4 * sms && 10 * nnz <= 3 * cells ? 2 : 1;
 }
 
 // The Hopper sdd for blocks of 32 (kernel_sm90_sdd_b32.cuh: a CTA per row pair or quad and a chunk of their union,
@@ -539,6 +570,9 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
               col_indices.data_ptr<int32_t>(), row_order.data_ptr<int32_t>(), nullptr, m, pat.nnz,
               int(pat.n_block_rows), int(pat.n_block_cols), block, int(splits), int(sms), int(g_hopper_stages),
               int(tile_rows), few_rows_split};
+  if (block == 32) {
+    p.b32_columns = b32_columns_for(pat.n_block_rows, m, pat.nnz, pat.n_block_rows * pat.n_block_cols, sms);
+  }
   if (splits == 1 && hopper) {
     // The few-rows dsd deals its tiles round-robin (its clusters take the same tiles): no counter.
     const at::Tensor counter = few_rows_split > 0 ? at::Tensor() : tile_counter_for(x, stream);
@@ -586,6 +620,9 @@ at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const
   p.few_rows_split = few_rows_split_for(Product::kDds, dy.device().index(), block, p.m, pat.nnz,
                                         pat.n_block_rows * pat.n_block_cols, groups * ((p.m + 127) / 128),
                                         line_steps, p.sms);
+  if (block == 32) {
+    p.b32_columns = b32_columns_for(pat.n_block_cols, p.m, pat.nnz, pat.n_block_rows * pat.n_block_cols, p.sms);
+  }
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
   if (p.few_rows_split > 0) {
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)
@@ -791,6 +828,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the block-32 Hopper sdd's tile: -1 auto (default), 0 row pairs x columns, 1 row pairs x column pairs, 2 row "
         "quads x column pairs; returns the previous mode",
         pybind11::arg("mode"));
+  m.def("set_hopper_b32_columns", &pbsng::set_hopper_b32_columns,
+        "block columns per pipeline stage of the block-32 Hopper dsd / dds: -1 auto (default), 1 or 2; returns the "
+        "previous value",
+        pybind11::arg("columns"));
   m.def("set_hopper_blocks_of_32", &pbsng::set_hopper_blocks_of_32,
         "the Hopper dsd / dds / sdd for blocks of 32: -1 auto (default), 0 off, 1 wherever the Hopper kernels run; returns "
         "the previous mode",

@@ -48,7 +48,7 @@ except ImportError as error:
 __all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "sdd_with_bias_grad", "describe_build", "set_hopper_kernels",
            "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row", "set_hopper_tile_schedule",
            "set_hopper_pipeline_stages", "set_hopper_sdd_tail_split", "set_decode_max_rows",
-           "set_hopper_few_rows_split", "set_hopper_blocks_of_32", "set_hopper_sdd_b32_mode",
+           "set_hopper_few_rows_split", "set_hopper_blocks_of_32", "set_hopper_b32_columns", "set_hopper_sdd_b32_mode",
            "set_backward_overlap"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
@@ -107,9 +107,16 @@ def set_hopper_blocks_of_32(mode: int) -> int:
     """The Hopper kernels for blocks of 32: the dsd and dds (128 tokens x 8 lines per tile, a 64 x 32 wgmma per
     line that has the block) and the sdd (a row pair x 16 columns of its union per CTA). -1 (default): where each
     measured faster than the SM80 kernels (the rules in bindings.cpp: b32_hopper_for, tiles filling three quarters
-    of the SMs and density >= 0.4; b32_sdd_hopper_for, M >= 64 whatever set_hopper_min_rows says); 0: never; 1:
+    of the SMs and density >= 0.18, or >= 0.05 on four times the SMs' tiles; b32_sdd_hopper_for, M >= 64 whatever set_hopper_min_rows says); 0: never; 1:
     wherever the Hopper kernels run (M >= set_hopper_min_rows). Returns the previous mode."""
     return int(_C.set_hopper_blocks_of_32(int(mode)))
+
+
+def set_hopper_b32_columns(columns: int) -> int:
+    """Block columns per pipeline stage of the block-32 Hopper dsd / dds: -1 (default) by size and density
+    (bindings.cpp, b32_columns_for: two where the tiles are at least four times the SMs and density <= 0.3, where
+    halving the stages' fixed cost measured 4-14 % faster); 1 or 2: that many. Returns the previous value."""
+    return int(_C.set_hopper_b32_columns(int(columns)))
 
 
 def set_hopper_sdd_b32_mode(mode: int) -> int:

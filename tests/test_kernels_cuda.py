@@ -364,14 +364,18 @@ B32_CASES += [Case(2048, 4096, 4096, d, 32, torch.bfloat16) for d in (0.1, 0.5)]
 # The planned stages (session 27): 33 block columns (a second bitmap word holding one), lists longer than a batch
 # of 32 stages, for the dsd and (swapped) the dds.
 B32_CASES += [Case(300, i, o, d, 32, torch.bfloat16) for (i, o) in ((1056, 416), (416, 1056)) for d in (0.3, 1.0)]
+# Two columns per stage (session 28): 65 block columns, i.e. a full batch of 32 two-column stages and a last stage
+# of one column; at density 0.5 words of odd union counts.
+B32_CASES += [Case(300, i, o, d, 32, torch.bfloat16) for (i, o) in ((2080, 416), (416, 2080)) for d in (0.5, 1.0)]
 
 
 @pytest.mark.cuda
 @requires_kernels
 @pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
                     reason="the Hopper kernels run on sm_90 GPUs only")
+@pytest.mark.parametrize("columns", (1, 2), ids=("cols1", "cols2"))
 @pytest.mark.parametrize("case", B32_CASES, ids=case_id)
-def test_hopper_blocks_of_32(case):
+def test_hopper_blocks_of_32(case, columns):
     from pytorch_block_sparse_ng import _C, _ops
 
     if not _C.uses_hopper_kernels(torch.cuda.current_device(), case.block):
@@ -380,6 +384,7 @@ def test_hopper_blocks_of_32(case):
     previous = _ops.set_hopper_min_rows(1)
     previous_decode = _ops.set_decode_max_rows(0)
     previous_b32 = _ops.set_hopper_blocks_of_32(1)  # at every size and density, not only where the rule takes it
+    previous_columns = _ops.set_hopper_b32_columns(columns)  # one or two block columns per pipeline stage
     try:
         _check_products("Hopper blocks of 32", case, *tensors)
         w, index, x, dy, bias, data = tensors
@@ -389,6 +394,7 @@ def test_hopper_blocks_of_32(case):
         _ops.set_hopper_min_rows(previous)
         _ops.set_decode_max_rows(previous_decode)
         _ops.set_hopper_blocks_of_32(previous_b32)
+        _ops.set_hopper_b32_columns(previous_columns)
 
 
 @pytest.mark.cuda
@@ -1229,6 +1235,10 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
     assert _ops.set_hopper_blocks_of_32(-1) == 1
     with pytest.raises(ValueError, match=r"mode=2 must be -1 \(auto\), 0 \(off\) or 1"):
         _ops.set_hopper_blocks_of_32(2)
+    assert _ops.set_hopper_b32_columns(2) == -1
+    assert _ops.set_hopper_b32_columns(-1) == 2
+    with pytest.raises(ValueError, match=r"columns=3 must be -1 \(auto\), 1 or 2"):
+        _ops.set_hopper_b32_columns(3)
     assert _ops.set_hopper_sdd_b32_mode(2) == -1
     assert _ops.set_hopper_sdd_b32_mode(-1) == 2
     with pytest.raises(ValueError, match=r"mode=3 must be -1 \(auto\), 0 \(row pairs x columns\)"):

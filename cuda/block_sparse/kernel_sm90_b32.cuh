@@ -6,8 +6,8 @@
 // fills only half. Here a consumer computes out[64 tokens, 8 lines x 32 features] with one 64 x 32 x 16 wgmma per
 // line and k-step, so a line without the block column skips its wgmma: no tensor-core work on absent blocks.
 // A tile: 128 tokens x 8 lines (256 output features). Per stage, one block column of the union of the 8 lines'
-// lists: the activation tile (128 tokens x 32, A, K-major) and the W blocks of the lines that have it (B: 32 x 32,
-// K-major for the dsd, MN-major for the dds' W_b^T). Bytes per useful FLOP at density d: (8 KB + 16 d KB) per
+// lists (or two, Config::kCols): the activation tile (128 tokens x 32, A, K-major) and the W blocks of the lines
+// that have it (B: 32 x 32, K-major for the dsd, MN-major for the dds' W_b^T). Bytes per useful FLOP at density d: (8 KB + 16 d KB) per
 // 2 x 128 x 8 d x 32 x 32 FLOP, 1.3x a dense 128 x 256 tile's at d = 0.5 (kernel_sm90_ws.cuh's tile of two 64-lines
 // has 1.33x at block 64).
 // 64 x 32 x 16 wgmma read A (2 KB) and B (1 KB) from shared memory for 32 K FMA: at the tensor cores' rate that is
@@ -20,6 +20,9 @@
 //          lane l loads line l's W block if the line has the column.
 // Epilogue: each consumer rounds its 64 tokens x 8 lines (+ bias), writes them by stmatrix into its own output
 // tiles (64-byte swizzle) and stores each line's 64 x 32 tile by TMA, which clips rows past M.
+// Two block columns per stage (session 28) halve the stages' fixed cost (the barriers' round trip, the plan's
+// reads: ~0.27 us a stage with neither loads nor wgmma, H100) and take 4-14 % off the large products at density
+// 0.05-0.3; with 3 stages of two columns they lose 2-10 % from density 0.4, so the binding picks (b32_columns_for).
 //
 // Constraints: sm_90a only (other archs compile a trap); fp16 / bf16; blocks of 32; activation row stride a
 // multiple of 16 bytes and 16-byte aligned pointers (bindings.cpp checks).
@@ -40,12 +43,18 @@ template <cute::GMMA::Major MajorB> struct GmmaAtom<cute::bfloat16_t, MajorB> {
   using type = cute::SM90_64x32x16_F32BF16BF16_SS<cute::GMMA::Major::K, MajorB>;
 };
 
-template <class T_, bool TransposeW_, int Stages_ = 6>
+template <class T_, bool TransposeW_, int Cols_ = 1>
 struct Config {
   using T = T_;
   static constexpr int Block = 32;
   static constexpr bool TransposeW = TransposeW_;  // dds: B = W_b^T (MN-major)
-  static constexpr int kLines = 8, kTokens = 128, BK = 32, kStages = Stages_, kSplit = 1;
+  static constexpr int kCols = Cols_;  // block columns per pipeline stage
+  // dsd: each W block loaded as 16 rows of 128 bytes (128-byte swizzle) instead of 32 rows of 64 bytes. In the
+  // 64-byte-swizzle view the wgmma reads, that swaps features f and f ^ 1 where bit 3 of f is set; the epilogue
+  // swaps them back (the pair sits in one thread's registers i, i ^ 1).
+  static constexpr bool kWideRows = !TransposeW_;
+  static constexpr int kLines = 8, kTokens = 128, BK = 32, kStages = Cols_ == 1 ? 6 : 3, kSplit = 1;
+  static constexpr int kLast = 1 << (8 * Cols_);  // flags bit: the tile's last stage
   static constexpr int kMaxBlockCols = kB32MaxOtherBlocks;  // the activations' block columns (K / 32) a plan holds
   static constexpr int kPlanBatch = 32, kPlanBatches = 3;  // the stage plans' ring: 3 batches of 32 stages
   static constexpr int kTileSlots = 4;  // tiles the producer may post ahead of the consumers
@@ -69,8 +78,8 @@ struct Config {
   static constexpr int kWTileBytes = 32 * BK * int(sizeof(T));         // 2 KB
 
   struct alignas(1024) Stage {
-    T act[kTokens * BK];
-    T w[kLines][32 * BK];  // slot l: line l's block (loaded only when the line has it)
+    T act[kCols][kTokens * BK];
+    T w[kCols][kLines][32 * BK];  // slot [c][l]: line l's block of the stage's column c (loaded if it has one)
   };
   struct SharedStorage {
     Stage stages[kStages];
@@ -78,16 +87,16 @@ struct Config {
     uint32_t bias[2][128];  // per consumer: the tile's 256 bias values as pairs
     uint64_t full[kStages];
     uint64_t empty[kStages];
-    int flags[kStages];  // bits 0-7: the lines with a block in this stage; bit 8: last stage of its tile
+    int flags[kStages];  // bits 8 c .. 8 c + 7: the lines with a block in the stage's column c; kLast
     uint64_t lines_full[kTileSlots];  // producer -> consumers: the tile with its lines
     uint64_t lines_empty[kTileSlots];
     int tile_lines[kTileSlots][kLines + 2];  // tile, 8 lines, their count | 16 if any has a block
     // The planner -> issuer ring (plan_tiles, issue): per stage its block column, flags (as `flags`) and the 8
     // lines' W slots; per batch the stage count (-1: no more tiles) and the tile's first token.
     uint32_t line_columns[kLines][kMaxBlockCols / 32];  // the planned tile's lines as bitmaps of block columns
-    int plan_column[kPlanBatches][kPlanBatch];
-    int plan_flags[kPlanBatches][kPlanBatch];
-    int plan_slot[kPlanBatches][kPlanBatch][kLines];
+    int plan_column[kPlanBatches][kPlanBatch][kCols];
+    int plan_flags[kPlanBatches][kPlanBatch][kCols];  // per column its lines (bits 0-7); column 0's bit 8: last
+    int plan_slot[kPlanBatches][kPlanBatch][kCols][kLines];
     int plan_count[kPlanBatches];
     int plan_token0[kPlanBatches];
     uint64_t plan_full[kPlanBatches];
@@ -172,7 +181,7 @@ __device__ __forceinline__ void plan_tiles(const KernelParams& p, typename Cfg::
     __syncwarp();
     // One pass over the union's words: lane i of a word takes its i-th block column, if any.
     int entry = begin;  // lane l < 8: line l's next entry
-    int fill = 0;       // stages in the current batch
+    int fill = 0;       // columns in the current batch (kCols per stage)
     int last_slot = slot, last_index = 0;
     for (int w = 0; w < words; ++w) {
       const uint32_t mine_bits = lane < L ? sh.line_columns[lane][w] : 0u;
@@ -191,13 +200,14 @@ __device__ __forceinline__ void plan_tiles(const KernelParams& p, typename Cfg::
         flags |= int(has) << l;
         if (lane == l) entry += __popc(voters);
       }
-      // Write the word's stages, starting new batches as they fill.
+      // Write the word's columns into stages, starting new batches as they fill.
+      constexpr int C = Cfg::kCols;
       for (int done = 0; done < count;) {
         int cur = batch % NB;
-        if (fill == PB) {  // publish the full batch, wait for the next slot
-          __syncwarp();    // every lane's writes to it come first
+        if (fill == C * PB) {  // publish the full batch, wait for the next slot
+          __syncwarp();        // every lane's writes to it come first
           if (lane == 0) {
-            sh.plan_count[cur] = fill;
+            sh.plan_count[cur] = PB;
             sh.plan_token0[cur] = token0;
             Barrier::arrive(&sh.plan_full[cur]);
           }
@@ -205,13 +215,13 @@ __device__ __forceinline__ void plan_tiles(const KernelParams& p, typename Cfg::
           cur = batch % NB;
           Barrier::wait(&sh.plan_empty[cur], ((batch / NB) & 1) ^ 1);
         }
-        const int take = min(count - done, PB - fill);
-        const int at = fill + lane - done;
+        const int take = min(count - done, C * PB - fill);
+        const int at = (fill + lane - done) / C, col = (fill + lane - done) % C;
         if (lane >= done && lane < done + take) {
-          sh.plan_column[cur][at] = w * 32 + bit;
-          sh.plan_flags[cur][at] = flags;
+          sh.plan_column[cur][at][col] = w * 32 + bit;
+          sh.plan_flags[cur][at][col] = flags;
           CUTE_UNROLL
-          for (int l = 0; l < L; ++l) sh.plan_slot[cur][at][l] = slots[l];
+          for (int l = 0; l < L; ++l) sh.plan_slot[cur][at][col][l] = slots[l];
         }
         last_slot = cur, last_index = fill + take - 1;
         fill += take, done += take;
@@ -219,8 +229,10 @@ __device__ __forceinline__ void plan_tiles(const KernelParams& p, typename Cfg::
     }
     __syncwarp();
     if (lane == 0) {  // the tile's last stage ends the consumers' mainloop; publish the batch
-      sh.plan_flags[last_slot][last_index] |= 256;
-      sh.plan_count[last_slot] = fill;
+      const int at = last_index / Cfg::kCols;
+      if (Cfg::kCols == 2 && last_index % 2 == 0) sh.plan_flags[last_slot][at][1] = 0;  // a stage of one column
+      sh.plan_flags[last_slot][at][0] |= 256;
+      sh.plan_count[last_slot] = (fill + Cfg::kCols - 1) / Cfg::kCols;
       sh.plan_token0[last_slot] = token0;
       Barrier::arrive(&sh.plan_full[last_slot]);
     }
@@ -244,21 +256,36 @@ __device__ __forceinline__ void issue(const KernelParams& p, typename Cfg::Share
     const int count = load_shared_volatile(&sh.plan_count[slot]);
     if (count < 0) break;
     const int token0 = load_shared_volatile(&sh.plan_token0[slot]);
+    constexpr int C = Cfg::kCols, L = Cfg::kLines;
     for (int i = 0; i < count; ++i, ++it) {
-      const int column = load_shared_volatile(&sh.plan_column[slot][i]);
-      const int flags = load_shared_volatile(&sh.plan_flags[slot][i]);
-      const int w_slot = lane < Cfg::kLines ? load_shared_volatile(&sh.plan_slot[slot][i][lane]) : 0;
+      int column[C], flags = 0, acts = 0;
+      CUTE_UNROLL
+      for (int c = 0; c < C; ++c) {
+        column[c] = load_shared_volatile(&sh.plan_column[slot][i][c]);
+        const int f = load_shared_volatile(&sh.plan_flags[slot][i][c]);
+        flags |= (f & 0xff) << (8 * c);
+        if (c == 0 && (f & 256)) flags |= Cfg::kLast;
+        acts += (f & 0xff) != 0;
+      }
+      // Lane 8 c + l loads line l's block of column c.
+      const int w_slot = lane < C * L ? load_shared_volatile(&sh.plan_slot[slot][i][lane / L][lane % L]) : 0;
       const int s = it % S;
       Barrier::wait(&sh.empty[s], ((it / S) & 1) ^ 1);
       if (lane == 0) {
         sh.flags[s] = flags;
-        TxBarrier::arrive_and_expect_tx(&sh.full[s],
-                                        Cfg::kActTileBytes + __popc(flags & 0xff) * Cfg::kWTileBytes);
-        sm90ws::tma_load_2d(sh.stages[s].act, &p.act_map, &sh.full[s], column * B, token0);
+        TxBarrier::arrive_and_expect_tx(&sh.full[s], acts * Cfg::kActTileBytes +
+                                                         __popc(flags & (Cfg::kLast - 1)) * Cfg::kWTileBytes);
+        CUTE_UNROLL
+        for (int c = 0; c < C; ++c) {
+          if ((flags >> (8 * c)) & 0xff) {
+            sm90ws::tma_load_2d(sh.stages[s].act[c], &p.act_map, &sh.full[s], column[c] * B, token0);
+          }
+        }
       }
       __syncwarp();  // the stage is armed before its W loads
-      if (lane < Cfg::kLines && ((flags >> lane) & 1)) {  // (bit 8 marks the tile's last stage)
-        sm90ws::tma_load_2d(sh.stages[s].w[lane], &p.data_map, &sh.full[s], 0, w_slot * B);
+      if (lane < C * L && ((flags >> lane) & 1)) {
+        sm90ws::tma_load_2d(sh.stages[s].w[lane / L][lane % L], &p.data_map, &sh.full[s], 0,
+                            w_slot * (Cfg::kWideRows ? B / 2 : B));
       }
     }
     __syncwarp();
@@ -343,20 +370,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
         const int s = __reduce_max_sync(0xffffffffu, it % S);
         Barrier::wait(&sh.full[s], (it / S) & 1);
         const int flags = __reduce_or_sync(0xffffffffu, load_shared_volatile(&sh.flags[s]));
-        Tensor sA = make_tensor(make_smem_ptr(sh.stages[s].act + 64 * Cfg::BK * h), typename Cfg::SmemLayoutA{});
-        Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));
-        // Line l's B descriptors: line 0's advanced by l blocks (the descriptors count 16-byte units), one add per
-        // line instead of a descriptor built from its address.
-        Tensor sB0 = make_tensor(make_smem_ptr(sh.stages[s].w[0]), typename Cfg::SmemLayoutB{});
-        Tensor tCrB0 = thr_mma.make_fragment_B(thr_mma.partition_B(sB0));
         warpgroup_fence_operand(acc);
         warpgroup_arrive();
         CUTE_UNROLL
-        for (int l = 0; l < L; ++l) {
-          if ((flags >> l) & 1) {
-            Tensor tCrB = make_tensor(tCrB0.data() + l * (Cfg::kWTileBytes / 16), tCrB0.layout());
-            Tensor c = acc_line(l);
-            gemm(mma, tCrA, tCrB, c);
+        for (int col = 0; col < Cfg::kCols; ++col) {
+          Tensor sA = make_tensor(make_smem_ptr(sh.stages[s].act[col] + 64 * Cfg::BK * h),
+                                  typename Cfg::SmemLayoutA{});
+          Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));
+          // Line l's B descriptors: line 0's advanced by l blocks (the descriptors count 16-byte units), one add
+          // per line instead of a descriptor built from its address.
+          Tensor sB0 = make_tensor(make_smem_ptr(sh.stages[s].w[col][0]), typename Cfg::SmemLayoutB{});
+          Tensor tCrB0 = thr_mma.make_fragment_B(thr_mma.partition_B(sB0));
+          CUTE_UNROLL
+          for (int l = 0; l < L; ++l) {
+            if ((flags >> (8 * col + l)) & 1) {
+              Tensor tCrB = make_tensor(tCrB0.data() + l * (Cfg::kWTileBytes / 16), tCrB0.layout());
+              Tensor c = acc_line(l);
+              gemm(mma, tCrA, tCrB, c);
+            }
           }
         }
         warpgroup_commit_batch();
@@ -364,7 +395,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
         warpgroup_fence_operand(acc);
         if (pending >= 0) Barrier::arrive(&sh.empty[pending]);
         pending = s;
-        if (flags & 256) break;
+        if (flags & Cfg::kLast) break;
       }
       ++it;
       warpgroup_wait<0>();
@@ -384,7 +415,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
         Tensor c = acc_line(l);
         Tensor values = make_tensor_like<T>(c);
         CUTE_UNROLL
-        for (int i = 0; i < size(c); ++i) values(i) = T(c(i) + float(bias_values[l * 32 + get<1>(coord(i))]));
+        for (int i = 0; i < size(c); ++i) {
+          const int f = get<1>(coord(i));
+          const float v = (Cfg::kWideRows && ((f >> 3) & 1)) ? c(i ^ 1) : c(i);  // see Config::kWideRows
+          values(i) = T(v + float(bias_values[l * 32 + f]));
+        }
         Tensor dst = thr_store.partition_D(make_tensor(make_smem_ptr(sh.out[h][l]), typename Cfg::SmemLayoutOut{}));
         copy(store_out, thr_store.retile_S(values), dst);
       }
@@ -403,11 +438,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
 }
 
 // act (M, n_other * 32), data [nnz, 32, 32] (nnz >= 1), out (M, n_lines * 32); one CTA per SM (`sms`).
-template <class T, bool TransposeW>
-cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, int64_t nnz, const int32_t* offsets,
-                   const int32_t* keys, const int32_t* slots, const int32_t* order, int* tile_counter, int n_lines,
-                   const void* bias, void* out, int sms, cudaStream_t stream) {
-  using Cfg = Config<T, TransposeW>;
+template <class Cfg>
+cudaError_t launch_config(const void* act, int64_t m, int n_other, const void* data, int64_t nnz,
+                          const int32_t* offsets, const int32_t* keys, const int32_t* slots, const int32_t* order,
+                          int* tile_counter, int n_lines, const void* bias, void* out, int sms, cudaStream_t stream) {
+  using T = typename Cfg::T;
   if (m == 0 || n_lines == 0) return cudaSuccess;
   if (n_other > Cfg::kMaxBlockCols) return cudaErrorInvalidValue;  // the binding's rule keeps these on SM80
   constexpr int B = Cfg::Block;
@@ -418,7 +453,12 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
   cudaError_t err = sm90ws::encode_2d_map(&p.act_map, dtype, act, uint64_t(n_other) * B, uint64_t(m), Cfg::BK,
                                           Cfg::kTokens, 2, kSwizzle);
   if (err != cudaSuccess) return err;
-  err = sm90ws::encode_2d_map(&p.data_map, dtype, data, B, uint64_t(nnz) * B, B, B, 2, kSwizzle);
+  if (Cfg::kWideRows) {  // [nnz * 16, 64]: a block is 16 rows of 128 bytes
+    err = sm90ws::encode_2d_map(&p.data_map, dtype, data, 2 * B, uint64_t(nnz) * B / 2, 2 * B, B / 2, 2,
+                                CU_TENSOR_MAP_SWIZZLE_128B);
+  } else {
+    err = sm90ws::encode_2d_map(&p.data_map, dtype, data, B, uint64_t(nnz) * B, B, B, 2, kSwizzle);
+  }
   if (err != cudaSuccess) return err;
   err = sm90ws::encode_2d_map(&p.out_map, dtype, out, uint64_t(n_lines) * B, uint64_t(m), B, 64, 2, kSwizzle);
   if (err != cudaSuccess) return err;
@@ -447,6 +487,20 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
   const int ctas = int(std::min<int64_t>(tiles, sms));
   b32_kernel<Cfg><<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+// columns: block columns per stage, 1 or 2 (the binding's rule, b32_columns_for in bindings.cpp).
+template <class T, bool TransposeW>
+cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, int64_t nnz, const int32_t* offsets,
+                   const int32_t* keys, const int32_t* slots, const int32_t* order, int* tile_counter, int n_lines,
+                   const void* bias, void* out, int sms, int columns, cudaStream_t stream) {
+  if (columns == 2) {
+    return launch_config<Config<T, TransposeW, 2>>(act, m, n_other, data, nnz, offsets, keys, slots, order,
+                                                   tile_counter, n_lines, bias, out, sms, stream);
+  }
+  if (columns != 1) return cudaErrorInvalidValue;
+  return launch_config<Config<T, TransposeW, 1>>(act, m, n_other, data, nnz, offsets, keys, slots, order,
+                                                 tile_counter, n_lines, bias, out, sms, stream);
 }
 
 }  // namespace sm90b32

@@ -15,7 +15,7 @@
     if (p.block == 32) {                                                                                   \
       return sm90b32::launch<sm80::ElementFor<DTYPE>::type, false>(                                        \
           p.x, p.m, p.n_block_cols, p.data, p.nnz, p.row_offsets, p.col_indices, nullptr, p.row_order,     \
-          p.tile_counter, p.n_block_rows, p.bias, p.y, p.sms, stream);                                     \
+          p.tile_counter, p.n_block_rows, p.bias, p.y, p.sms, p.b32_columns, stream);                      \
     }                                                                                                      \
     if (p.few_rows_split > 0) {                                                                            \
       return sm90ws::launch_few_rows<sm80::ElementFor<DTYPE>::type, false>(                               \
@@ -36,7 +36,7 @@
     if (p.block == 32) {                                                                                   \
       return sm90b32::launch<sm80::ElementFor<DTYPE>::type, true>(                                         \
           p.dy, p.m, p.n_block_rows, p.data, p.nnz, p.col_offsets_t, p.row_indices_t, p.perm_t,            \
-          p.col_order, p.tile_counter, p.n_block_cols, nullptr, p.dx, p.sms, stream);                      \
+          p.col_order, p.tile_counter, p.n_block_cols, nullptr, p.dx, p.sms, p.b32_columns, stream);       \
     }                                                                                                      \
     if (p.few_rows_split > 0) {                                                                            \
       return sm90ws::launch_few_rows<sm80::ElementFor<DTYPE>::type, true>(                                \
