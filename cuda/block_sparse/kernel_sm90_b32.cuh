@@ -7,9 +7,9 @@
 // line and k-step, so a line without the block column skips its wgmma: no tensor-core work on absent blocks.
 // A tile: 128 tokens x 8 lines (256 output features). Per stage, one block column of the union of the 8 lines'
 // lists (or two, Config::kCols): the activation tile (128 tokens x 32, A, K-major) and the W blocks of the lines
-// that have it (B: 32 x 32, K-major for the dsd, MN-major for the dds' W_b^T). Bytes per useful FLOP at density d: (8 KB + 16 d KB) per
-// 2 x 128 x 8 d x 32 x 32 FLOP, 1.3x a dense 128 x 256 tile's at d = 0.5 (kernel_sm90_ws.cuh's tile of two 64-lines
-// has 1.33x at block 64).
+// that have it (B: 32 x 32, K-major for the dsd, MN-major for the dds' W_b^T). Bytes per useful FLOP at density d:
+// (8 KB + 16 d KB) per 2 x 128 x 8 d x 32 x 32 FLOP, 1.3x a dense 128 x 256 tile's at d = 0.5 (kernel_sm90_ws.cuh's
+// tile of two 64-lines has 1.33x at block 64).
 // 64 x 32 x 16 wgmma read A (2 KB) and B (1 KB) from shared memory for 32 K FMA: at the tensor cores' rate that is
 // ~1.5x shared memory's 128 B/clk, so this tile can reach ~2/3 of the tensor-core peak. Measured, the single producer
 // warp's merge of the 8 lists bounded it (~130 dependent instructions per stage; doc/kernels.md, "Blocks of 32 on
@@ -55,6 +55,7 @@ struct Config {
   static constexpr bool kWideRows = !TransposeW_;
   static constexpr int kLines = 8, kTokens = 128, BK = 32, kStages = Cols_ == 1 ? 6 : 3, kSplit = 1;
   static constexpr int kLast = 1 << (8 * Cols_);  // flags bit: the tile's last stage
+  static constexpr int kPlanLast = 256;            // the same in the plan's flags of a stage's column 0
   static constexpr int kMaxBlockCols = kB32MaxOtherBlocks;  // the activations' block columns (K / 32) a plan holds
   static constexpr int kPlanBatch = 32, kPlanBatches = 3;  // the stage plans' ring: 3 batches of 32 stages
   static constexpr int kTileSlots = 4;  // tiles the producer may post ahead of the consumers
@@ -95,7 +96,7 @@ struct Config {
     // lines' W slots; per batch the stage count (-1: no more tiles) and the tile's first token.
     uint32_t line_columns[kLines][kMaxBlockCols / 32];  // the planned tile's lines as bitmaps of block columns
     int plan_column[kPlanBatches][kPlanBatch][kCols];
-    int plan_flags[kPlanBatches][kPlanBatch][kCols];  // per column its lines (bits 0-7); column 0's bit 8: last
+    int plan_flags[kPlanBatches][kPlanBatch][kCols];  // per column its lines (bits 0-7); column 0's kPlanLast
     int plan_slot[kPlanBatches][kPlanBatch][kCols][kLines];
     int plan_count[kPlanBatches];
     int plan_token0[kPlanBatches];
@@ -231,7 +232,7 @@ __device__ __forceinline__ void plan_tiles(const KernelParams& p, typename Cfg::
     if (lane == 0) {  // the tile's last stage ends the consumers' mainloop; publish the batch
       const int at = last_index / Cfg::kCols;
       if (Cfg::kCols == 2 && last_index % 2 == 0) sh.plan_flags[last_slot][at][1] = 0;  // a stage of one column
-      sh.plan_flags[last_slot][at][0] |= 256;
+      sh.plan_flags[last_slot][at][0] |= Cfg::kPlanLast;
       sh.plan_count[last_slot] = (fill + Cfg::kCols - 1) / Cfg::kCols;
       sh.plan_token0[last_slot] = token0;
       Barrier::arrive(&sh.plan_full[last_slot]);
@@ -264,7 +265,7 @@ __device__ __forceinline__ void issue(const KernelParams& p, typename Cfg::Share
         column[c] = load_shared_volatile(&sh.plan_column[slot][i][c]);
         const int f = load_shared_volatile(&sh.plan_flags[slot][i][c]);
         flags |= (f & 0xff) << (8 * c);
-        if (c == 0 && (f & 256)) flags |= Cfg::kLast;
+        if (c == 0 && (f & Cfg::kPlanLast)) flags |= Cfg::kLast;
         acts += (f & 0xff) != 0;
       }
       // Lane 8 c + l loads line l's block of column c.
