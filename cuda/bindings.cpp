@@ -350,9 +350,10 @@ bool b32_hopper_for(int64_t lines, int64_t m, int64_t nnz, int64_t cells, int64_
 // the stages' fixed cost (~0.27 us a stage on an H100, measured with neither loads nor wgmma) but leave 3 stages
 // of two columns where one column has 6. Measured (H100, bf16, call 7 of session 28, two columns' time over one
 // column's): 8192 x 4096 -> 4096 0.86-0.96x at density 0.05-0.3 (dsd and dds), 1.02-1.08x from 0.5; the dsd of
-// 16384 x 1024 -> 4096 (2048 tiles) 0.97-0.98x at 0.05-0.5, its dds (512 tiles) 1.08x at 0.05 / 0.1, 1.05x at 0.3;
-// 2048 x 4096 -> 4096 (256 tiles) and 4096 -> 1024 at M = 4096 (128 / 512 tiles) 0.96-1.08x. So two columns from
-// 4 x the SMs' tiles at density <= 0.3. -1 (default): that rule; 1 / 2: that many columns per stage.
+// 16384 x 1024 -> 4096 (2048 tiles) 0.96-1.00x at every density (one column from 0.4 there costs it 1-3 %), its dds
+// (512 tiles) 1.08x at 0.05 / 0.1, 1.05x at 0.3; 2048 x 4096 -> 4096 (256 tiles) and 4096 -> 1024 at M = 4096 (128 /
+// 512 tiles) 0.96-1.08x. So two columns from 4 x the SMs' tiles at density <= 0.3. -1 (default): that rule; 1 / 2:
+// that many columns per stage.
 int64_t g_hopper_b32_columns = -1;
 int64_t set_hopper_b32_columns(int64_t columns) {
   PBSNG_CHECK_VALUE(columns == -1 || columns == 1 || columns == 2, "set_hopper_b32_columns: columns=", columns,

@@ -107,8 +107,9 @@ def set_hopper_blocks_of_32(mode: int) -> int:
     """The Hopper kernels for blocks of 32: the dsd and dds (128 tokens x 8 lines per tile, a 64 x 32 wgmma per
     line that has the block) and the sdd (a row pair x 16 columns of its union per CTA). -1 (default): where each
     measured faster than the SM80 kernels (the rules in bindings.cpp: b32_hopper_for, tiles filling three quarters
-    of the SMs and density >= 0.18, or >= 0.05 on four times the SMs' tiles; b32_sdd_hopper_for, M >= 64 whatever set_hopper_min_rows says); 0: never; 1:
-    wherever the Hopper kernels run (M >= set_hopper_min_rows). Returns the previous mode."""
+    of the SMs and density >= 0.18, or >= 0.05 on four times the SMs' tiles; b32_sdd_hopper_for, M >= 64 whatever
+    set_hopper_min_rows says); 0: never; 1: wherever the Hopper kernels run (M >= set_hopper_min_rows). Returns the
+    previous mode."""
     return int(_C.set_hopper_blocks_of_32(int(mode)))
 
 
