@@ -16,8 +16,8 @@
 // Hopper"), so the producer is now two warps:
 //   warp 1 plans a tile at once (plan_tiles): its lines' block columns as bitmaps in shared memory, then one pass
 //          over the union's 32-column words writes each stage's column, lines and W slots into a ring;
-//   warp 0 issues (issue): per stage it waits for the free slot, lane 0 arms it and loads the activation tile,
-//          lane l loads line l's W block if the line has the column.
+//   warp 0 issues (issue): per stage it waits for the free slot, lane 0 arms it and loads the activation tile(s),
+//          lane 8 c + l loads line l's W block of the stage's column c if the line has it.
 // Epilogue: each consumer rounds its 64 tokens x 8 lines (+ bias), writes them by stmatrix into its own output
 // tiles (64-byte swizzle) and stores each line's 64 x 32 tile by TMA, which clips rows past M.
 // Two block columns per stage (session 28) halve the stages' fixed cost (the barriers' round trip, the plan's
@@ -242,8 +242,8 @@ __device__ __forceinline__ void plan_tiles(const KernelParams& p, typename Cfg::
   if (lane == 0) sm90ws::count_out(p);
 }
 
-// Warp 0: per planned stage, waits for its free slot, arms it, and issues the activation tile (lane 0) and the W
-// blocks (lane l for line l).
+// Warp 0: per planned stage, waits for its free slot, arms it, and issues the activation tiles (lane 0) and the W
+// blocks (lane 8 c + l for line l of column c).
 template <class Cfg>
 __device__ __forceinline__ void issue(const KernelParams& p, typename Cfg::SharedStorage& sh) {
   using Barrier = cutlass::arch::ClusterBarrier;
