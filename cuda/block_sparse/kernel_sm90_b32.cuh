@@ -10,10 +10,10 @@
 // that have it (B: 32 x 32, K-major for the dsd, MN-major for the dds' W_b^T). Bytes per useful FLOP at density d:
 // (8 KB + 16 d KB) per 2 x 128 x 8 d x 32 x 32 FLOP, 1.3x a dense 128 x 256 tile's at d = 0.5 (kernel_sm90_ws.cuh's
 // tile of two 64-lines has 1.33x at block 64).
-// 64 x 32 x 16 wgmma read A (2 KB) and B (1 KB) from shared memory for 32 K FMA: at the tensor cores' rate that is
-// ~1.5x shared memory's 128 B/clk, so this tile can reach ~2/3 of the tensor-core peak. Measured, the single producer
-// warp's merge of the 8 lists bounded it (~130 dependent instructions per stage; doc/kernels.md, "Blocks of 32 on
-// Hopper"), so the producer is now two warps:
+// A 64 x 32 x 16 wgmma with A in shared memory (SS) reads A (2 KB) and B (1 KB) for 32 K FMA, ~1.5x shared memory's
+// 128 B/clk at the tensor cores' rate; here A comes from registers (RS), loaded by ldmatrix once per stage and column
+// for all 8 lines (session 29). Measured, the single producer warp's merge of the 8 lists bounded it first (~130
+// dependent instructions per stage; doc/kernels.md, "Blocks of 32 on Hopper"), so the producer is now two warps:
 //   warp 1 plans a tile at once (plan_tiles): its lines' block columns as bitmaps in shared memory, then one pass
 //          over the union's 32-column words writes each stage's column, lines and W slots into a ring;
 //   warp 0 issues (issue): per stage it waits for the free slot, lane 0 arms it and loads the activation tile(s),
@@ -21,8 +21,9 @@
 // Epilogue: each consumer rounds its 64 tokens x 8 lines (+ bias), writes them by stmatrix into its own output
 // tiles (64-byte swizzle) and stores each line's 64 x 32 tile by TMA, which clips rows past M.
 // Two block columns per stage (session 28) halve the stages' fixed cost (the barriers' round trip, the plan's
-// reads: ~0.27 us a stage with neither loads nor wgmma, H100) and take 4-14 % off the large products at density
-// 0.05-0.3; with 3 stages of two columns they lose 2-10 % from density 0.4, so the binding picks (b32_columns_for).
+// reads: ~0.27 us a stage with neither loads nor wgmma, H100). Their 3 stages starved the loads while the consumers
+// held two of them (wait<1>); since a two-column stage is released as soon as its own wgmma are done (session 29),
+// two columns are faster than one at every density, and the binding takes them (b32_columns in bindings.cpp).
 //
 // Constraints: sm_90a only (other archs compile a trap); fp16 / bf16; blocks of 32; activation row stride a
 // multiple of 16 bytes and 16-byte aligned pointers (bindings.cpp checks).
@@ -35,12 +36,14 @@ namespace sm90b32 {
 
 using sm90ws::KernelParams;
 
+// A from registers (RS): a consumer loads its A (64 tokens x 32 of a block column) by ldmatrix once per stage,
+// and the lines' wgmma read only their B from shared memory.
 template <class T, cute::GMMA::Major MajorB> struct GmmaAtom;
 template <cute::GMMA::Major MajorB> struct GmmaAtom<cute::half_t, MajorB> {
-  using type = cute::SM90_64x32x16_F32F16F16_SS<cute::GMMA::Major::K, MajorB>;
+  using type = cute::SM90_64x32x16_F32F16F16_RS<cute::GMMA::Major::K, MajorB>;
 };
 template <cute::GMMA::Major MajorB> struct GmmaAtom<cute::bfloat16_t, MajorB> {
-  using type = cute::SM90_64x32x16_F32BF16BF16_SS<cute::GMMA::Major::K, MajorB>;
+  using type = cute::SM90_64x32x16_F32BF16BF16_RS<cute::GMMA::Major::K, MajorB>;
 };
 
 template <class T_, bool TransposeW_, int Cols_ = 1>
@@ -54,6 +57,10 @@ struct Config {
   // swaps them back (the pair sits in one thread's registers i, i ^ 1).
   static constexpr bool kWideRows = !TransposeW_;
   static constexpr int kLines = 8, kTokens = 128, BK = 32, kStages = Cols_ == 1 ? 6 : 3, kSplit = 1;
+  // Two columns: a consumer releases a stage as soon as its own wgmma are done (wait<0>) instead of one stage later,
+  // so that 2 of the 3 stages can be loading (session 29: 8-18 % faster at density 0.1-1.0 on 8192 x 4096 -> 4096;
+  // with 6 stages of one column 2-4 % slower below density 1.0).
+  static constexpr bool kReleaseEarly = Cols_ == 2;
   static constexpr int kLast = 1 << (8 * Cols_);  // flags bit: the tile's last stage
   static constexpr int kPlanLast = 256;            // the same in the plan's flags of a stage's column 0
   static constexpr int kMaxBlockCols = kB32MaxOtherBlocks;  // the activations' block columns (K / 32) a plan holds
@@ -72,6 +79,8 @@ struct Config {
   using SmemLayoutOut = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<T>{},
                                                      cute::make_shape(cute::Int<64>{}, cute::Int<32>{})));
   using TiledMma = decltype(cute::make_tiled_mma(typename GmmaAtom<T, MajorB>::type{}));
+  // A consumer's A (64 tokens x 32) from shared memory into the RS fragment: 2 ldmatrix.x4 per warp.
+  using TiledLoadA = decltype(cute::make_tiled_copy_A(cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, T>{}, TiledMma{}));
   using TiledStoreOut = decltype(cute::make_tiled_copy_C(cute::Copy_Atom<cute::SM90_U32x4_STSM_N, T>{},
                                                          TiledMma{}));
 
@@ -342,6 +351,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
   typename Cfg::TiledStoreOut store_out;
   auto thr_store = store_out.get_thread_slice(tid);
 
+  // Per buffer (stage parity) and column, a consumer's A fragment: 64 tokens x 32, 8 registers a thread.
+  typename Cfg::TiledLoadA load_a;
+  auto thr_load_a = load_a.get_thread_slice(tid);
+  using FragmentA = decltype(thr_mma.partition_fragment_A(
+      make_tensor(make_smem_ptr(static_cast<T*>(nullptr)), typename Cfg::SmemLayoutA{})));
+  FragmentA rA[2][Cfg::kCols];
+
   int it = 0;
   for (int n = 0;; ++n) {
     const int q = n % Cfg::kTileSlots;
@@ -364,20 +380,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
     }
     clear(acc);
     if (any_block) {
-      int pending = -1;  // stage whose wgmma may still be reading shared memory
-      for (;; ++it) {
+      int pending = -1;  // stage whose wgmma may still be reading shared memory and registers rA[buf ^ 1]
+      // One stage; buf (a compile-time 0 / 1) picks the A registers, so that the stage's ldmatrix never overwrites
+      // registers the previous stage's wgmma may still read. Returns whether it was the tile's last stage.
+      auto stage = [&](auto buf) -> bool {
         // The stage and its flags from warp reductions, i.e. in uniform registers: with h (above) that puts every
         // wgmma descriptor on the uniform datapath, without an R2UR per wgmma (2-12 % faster, H100, session 25).
         const int s = __reduce_max_sync(0xffffffffu, it % S);
         Barrier::wait(&sh.full[s], (it / S) & 1);
         const int flags = __reduce_or_sync(0xffffffffu, load_shared_volatile(&sh.flags[s]));
+        // Each column's A once into registers: with A in shared memory (SS) every line's wgmma re-read it, 2 KB of
+        // the 3 KB a 64 x 32 x 16 wgmma reads (session 29, 8192 x 4096 -> 4096: two columns 0-9 % faster, most at
+        // density >= 0.5; one column 2 % slower below 0.5, 0-3 % faster from 0.5).
+        CUTE_UNROLL
+        for (int col = 0; col < Cfg::kCols; ++col) {
+          Tensor sA = make_tensor(make_smem_ptr(sh.stages[s].act[col] + 64 * Cfg::BK * h), typename Cfg::SmemLayoutA{});
+          copy(load_a, thr_load_a.partition_S(sA), thr_load_a.retile_D(rA[buf][col]));
+        }
         warpgroup_fence_operand(acc);
         warpgroup_arrive();
         CUTE_UNROLL
         for (int col = 0; col < Cfg::kCols; ++col) {
-          Tensor sA = make_tensor(make_smem_ptr(sh.stages[s].act[col] + 64 * Cfg::BK * h),
-                                  typename Cfg::SmemLayoutA{});
-          Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));
           // Line l's B descriptors: line 0's advanced by l blocks (the descriptors count 16-byte units), one add
           // per line instead of a descriptor built from its address.
           Tensor sB0 = make_tensor(make_smem_ptr(sh.stages[s].w[col][0]), typename Cfg::SmemLayoutB{});
@@ -387,21 +410,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
             if ((flags >> (8 * col + l)) & 1) {
               Tensor tCrB = make_tensor(tCrB0.data() + l * (Cfg::kWTileBytes / 16), tCrB0.layout());
               Tensor c = acc_line(l);
-              gemm(mma, tCrA, tCrB, c);
+              gemm(mma, rA[buf][col], tCrB, c);
             }
           }
         }
         warpgroup_commit_batch();
-        warpgroup_wait<1>();  // the previous stage's wgmma are done
-        warpgroup_fence_operand(acc);
-        if (pending >= 0) Barrier::arrive(&sh.empty[pending]);
-        pending = s;
-        if (flags & Cfg::kLast) break;
+        if constexpr (Cfg::kReleaseEarly) {
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(acc);
+          Barrier::arrive(&sh.empty[s]);
+        } else {
+          warpgroup_wait<1>();  // the previous stage's wgmma are done
+          warpgroup_fence_operand(acc);
+          if (pending >= 0) Barrier::arrive(&sh.empty[pending]);
+          pending = s;
+        }
+        ++it;
+        return flags & Cfg::kLast;
+      };
+      while (!stage(Int<0>{}) && !stage(Int<1>{})) {
       }
-      ++it;
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc);
-      Barrier::arrive(&sh.empty[pending]);
+      if (pending >= 0) Barrier::arrive(&sh.empty[pending]);
     }
 
     // Epilogue of consumer h: its 64 tokens of the tile's lines.
@@ -490,7 +521,7 @@ cudaError_t launch_config(const void* act, int64_t m, int n_other, const void* d
   return cudaGetLastError();
 }
 
-// columns: block columns per stage, 1 or 2 (the binding's rule, b32_columns_for in bindings.cpp).
+// columns: block columns per stage, 1 or 2 (the binding's choice, b32_columns in bindings.cpp).
 template <class T, bool TransposeW>
 cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, int64_t nnz, const int32_t* offsets,
                    const int32_t* keys, const int32_t* slots, const int32_t* order, int* tile_counter, int n_lines,
