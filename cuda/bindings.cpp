@@ -334,26 +334,29 @@ int64_t set_hopper_blocks_of_32(int64_t mode) {
 // The block-32 dsd / dds tiles: 8 lines x 128 tokens.
 int64_t b32_tiles(int64_t lines, int64_t m) { return (lines + 7) / 8 * ((m + 127) / 128); }
 
-// Below density 0.18, on >= 4 x the SMs' tiles, the kernel with two block columns per stage (b32_columns_for) beat
-// SM80 too (session 28, benchmarks/results/b32_kernel_session28_*.txt, call 7): 8192 x 4096 -> 4096 dsd / dds
-// 0.97-0.98x SM80's time at density 0.05 and 0.1, 0.93x at 0.15; the dsd of 16384 x 1024 -> 4096 0.64-0.74x. Below
-// density 0.05 nothing was measured: SM80.
+// Below density 0.18, on >= 4 x the SMs' tiles, the kernel with two block columns per stage beat SM80 too (sessions
+// 28-29, benchmarks/results/b32_kernel_session2{8,9}_*.txt): 8192 x 4096 -> 4096 dsd / dds 0.88 / 0.89x SM80's time
+// at density 0.05, 0.90 / 0.90x at 0.1 (session 29); the dsd of 16384 x 1024 -> 4096 0.64-0.70x. Below density 0.05
+// nothing was measured: SM80. Where the tiles take a last wave that is mostly idle (fewer than 4 x the SMs' tiles
+// filling < 3/4 of their waves' SM slots) the SM80 kernel's smaller tiles win up to density 0.3 (session 29: the dsd
+// of 6144 x 3072 -> 768, 144 tiles on 132 SMs, 1.3 / 1.1x SM80's time at density 0.2 / 0.3, 0.88x at 0.5), so there
+// the Hopper kernel runs from density 0.4.
 bool b32_hopper_for(int64_t lines, int64_t m, int64_t nnz, int64_t cells, int64_t sms) {
   if (cells > int64_t(kB32MaxOtherBlocks) * lines) return false;  // the kernel's plans hold K <= 128 Ki
   if (g_hopper_b32 >= 0) return g_hopper_b32 == 1;
   const int64_t tiles = b32_tiles(lines, m);
   if (4 * tiles < 3 * sms) return false;
-  return 50 * nnz >= 9 * cells || (tiles >= 4 * sms && 20 * nnz >= cells);
+  if (tiles >= 4 * sms) return 20 * nnz >= cells;
+  const int64_t slots = (tiles + sms - 1) / sms * sms;  // the SM slots of the tiles' waves
+  return 4 * tiles >= 3 * slots ? 50 * nnz >= 9 * cells : 5 * nnz >= 2 * cells;
 }
 
 // Block columns per stage of the block-32 Hopper dsd / dds (kernel_sm90_b32.cuh, Config::kCols). Two columns halve
-// the stages' fixed cost (~0.27 us a stage on an H100, measured with neither loads nor wgmma) but leave 3 stages
-// of two columns where one column has 6. Measured (H100, bf16, call 7 of session 28, two columns' time over one
-// column's): 8192 x 4096 -> 4096 0.86-0.96x at density 0.05-0.3 (dsd and dds), 1.02-1.08x from 0.5; the dsd of
-// 16384 x 1024 -> 4096 (2048 tiles) 0.96-1.00x at every density (one column from 0.4 there costs it 1-3 %), its dds
-// (512 tiles) 1.08x at 0.05 / 0.1, 1.05x at 0.3; 2048 x 4096 -> 4096 (256 tiles) and 4096 -> 1024 at M = 4096 (128 /
-// 512 tiles) 0.96-1.08x. So two columns from 4 x the SMs' tiles at density <= 0.3. -1 (default): that rule; 1 / 2:
-// that many columns per stage.
+// the stages' fixed cost (~0.27 us a stage on an H100, measured with neither loads nor wgmma) in 3 stages where one
+// column has 6; since a two-column stage is released as soon as its wgmma are done (session 29), two columns took
+// 0.78-1.01x one column's time in 111 of 112 cells (H100, bf16, six shapes of 128-2048 tiles, density 0.05-1.0, dsd
+// and dds; benchmarks/results/b32_kernel_session29_*.txt), 1.006x in the other. -1 (default): two; 1 / 2: that many
+// columns per stage.
 int64_t g_hopper_b32_columns = -1;
 int64_t set_hopper_b32_columns(int64_t columns) {
   PBSNG_CHECK_VALUE(columns == -1 || columns == 1 || columns == 2, "set_hopper_b32_columns: columns=", columns,
@@ -363,10 +366,7 @@ int64_t set_hopper_b32_columns(int64_t columns) {
   return previous;
 }
 
-int b32_columns_for(int64_t lines, int64_t m, int64_t nnz, int64_t cells, int64_t sms) {
-  if (g_hopper_b32_columns > 0) return int(g_hopper_b32_columns);
-  return b32_tiles(lines, m) >= 4 * sms && 10 * nnz <= 3 * cells ? 2 : 1;
-}
+int b32_columns() { return g_hopper_b32_columns > 0 ? int(g_hopper_b32_columns) : 2; }
 
 // The Hopper sdd for blocks of 32 (kernel_sm90_sdd_b32.cuh: a CTA per row pair or quad and a chunk of their union,
 // M unsplit). Measured against the SM80 sdd (H100, bf16, with the bias sum; benchmarks/results/ab_sdd_b32_*.txt, with
@@ -572,7 +572,7 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
               int(pat.n_block_rows), int(pat.n_block_cols), block, int(splits), int(sms), int(g_hopper_stages),
               int(tile_rows), few_rows_split};
   if (block == 32) {
-    p.b32_columns = b32_columns_for(pat.n_block_rows, m, pat.nnz, pat.n_block_rows * pat.n_block_cols, sms);
+    p.b32_columns = b32_columns();
   }
   if (splits == 1 && hopper) {
     // The few-rows dsd deals its tiles round-robin (its clusters take the same tiles): no counter.
@@ -622,7 +622,7 @@ at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const
                                         pat.n_block_rows * pat.n_block_cols, groups * ((p.m + 127) / 128),
                                         line_steps, p.sms);
   if (block == 32) {
-    p.b32_columns = b32_columns_for(pat.n_block_cols, p.m, pat.nnz, pat.n_block_rows * pat.n_block_cols, p.sms);
+    p.b32_columns = b32_columns();
   }
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
   if (p.few_rows_split > 0) {

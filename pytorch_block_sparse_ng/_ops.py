@@ -107,16 +107,16 @@ def set_hopper_blocks_of_32(mode: int) -> int:
     """The Hopper kernels for blocks of 32: the dsd and dds (128 tokens x 8 lines per tile, a 64 x 32 wgmma per
     line that has the block) and the sdd (a row pair x 16 columns of its union per CTA). -1 (default): where each
     measured faster than the SM80 kernels (the rules in bindings.cpp: b32_hopper_for, tiles filling three quarters
-    of the SMs and density >= 0.18, or >= 0.05 on four times the SMs' tiles; b32_sdd_hopper_for, M >= 64 whatever
-    set_hopper_min_rows says); 0: never; 1: wherever the Hopper kernels run (M >= set_hopper_min_rows). Returns the
-    previous mode."""
+    of the SMs and density >= 0.18 (>= 0.4 where their last wave leaves most SMs idle), or >= 0.05 on four times
+    the SMs' tiles; b32_sdd_hopper_for, M >= 64 whatever set_hopper_min_rows says); 0: never; 1: wherever the
+    Hopper kernels run (M >= set_hopper_min_rows). Returns the previous mode."""
     return int(_C.set_hopper_blocks_of_32(int(mode)))
 
 
 def set_hopper_b32_columns(columns: int) -> int:
-    """Block columns per pipeline stage of the block-32 Hopper dsd / dds: -1 (default) by size and density
-    (bindings.cpp, b32_columns_for: two where the tiles are at least four times the SMs and density <= 0.3, where
-    halving the stages' fixed cost measured 4-14 % faster); 1 or 2: that many. Returns the previous value."""
+    """Block columns per pipeline stage of the block-32 Hopper dsd / dds: -1 (default) two (bindings.cpp,
+    b32_columns: with each two-column stage released once its wgmma are done, two measured faster than one on every
+    size and density but one cell, within 1 %); 1 or 2: that many. Returns the previous value."""
     return int(_C.set_hopper_b32_columns(int(columns)))
 
 
