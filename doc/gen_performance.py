@@ -1,5 +1,6 @@
 """Write doc/performance.md from the benchmark results in benchmarks/results/*.json (written by
-benchmarks/bench_linear.py on a GPU). Only measured numbers go in; with no result files the page says so.
+benchmarks/bench_linear.py on a GPU). Only measured numbers go in; with no result files the page says so. Of a
+series of per-session runs (`*_sessionN_*.json`) only the latest session's is shown.
 
     python doc/gen_performance.py [--results DIR] [--out FILE]
 """
@@ -10,6 +11,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -54,9 +56,22 @@ python doc/gen_performance.py                                  # then regenerate
 """
 
 
+def latest_sessions(files):
+    """The files without the earlier sessions of a series: `name_session28_x.json` is superseded by
+    `name_session29_x.json` (each session's run measures the kernels of its commit)."""
+    latest = {}
+    for file in files:
+        match = re.search(r"_session(\d+)", os.path.basename(file))
+        series = (os.path.dirname(file), re.sub(r"_session\d+", "", os.path.basename(file)))
+        session = int(match.group(1)) if match else -1
+        if series not in latest or session > latest[series][0]:
+            latest[series] = (session, file)
+    return sorted(file for _, file in latest.values())
+
+
 def load(results_dir):
     runs = []
-    for file in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
+    for file in latest_sessions(glob.glob(os.path.join(results_dir, "*.json"))):
         with open(file, encoding="utf-8") as handle:
             content = json.load(handle)
         if isinstance(content, dict) and "meta" in content and "records" in content:

@@ -55,6 +55,18 @@ def test_performance_page_tables_from_records(tmp_path):
     assert "No benchmark results" not in text
 
 
+def test_performance_page_shows_the_latest_session_of_a_series(tmp_path):
+    # Made-up result files (they stay in tmp_path): two sessions of one series and a file of no series.
+    for name, gpu in (("bench_linear_b32_session8_bf16_X", "Session 8 GPU"), ("bench_linear_b32_session12_bf16_X",
+                                                                           "Session 12 GPU"),
+                      ("bench_linear_X", "Full run GPU")):
+        meta = dict(gpu=gpu, torch="2.x", cuda="13.0", reps=5)
+        (tmp_path / f"{name}.json").write_text(json.dumps(dict(meta=meta, records=[])))
+    text = load_script("gen_performance").generate(str(tmp_path), str(tmp_path / "performance.md"))
+    assert "## Session 12 GPU" in text and "## Full run GPU" in text
+    assert "Session 8 GPU" not in text  # session 12 supersedes it (numerically, not as text: "12" < "8")
+
+
 @pytest.mark.parametrize("page", ["api.md", "migration.md", "performance.md", "troubleshooting.md", "huggingface.md"])
 def test_relative_links_resolve(page):
     text = open(os.path.join(DOC, page), encoding="utf-8").read()
