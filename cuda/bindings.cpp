@@ -352,11 +352,11 @@ bool b32_hopper_for(int64_t lines, int64_t m, int64_t nnz, int64_t cells, int64_
 }
 
 // Block columns per stage of the block-32 Hopper dsd / dds (kernel_sm90_b32.cuh, Config::kCols). Two columns halve
-// the stages' fixed cost (~0.27 us a stage on an H100, measured with neither loads nor wgmma) in 3 stages where one
+// the stages' fixed cost (~0.27 us a stage on an H100, measured with neither loads nor wgmma) in 4 stages where one
 // column has 6; since a two-column stage is released as soon as its wgmma are done (session 29), two columns took
 // 0.78-1.01x one column's time in 111 of 112 cells (H100, bf16, six shapes of 128-2048 tiles, density 0.05-1.0, dsd
-// and dds; benchmarks/results/b32_kernel_session29_*.txt), 1.006x in the other. -1 (default): two; 1 / 2: that many
-// columns per stage.
+// and dds, with 3 stages; benchmarks/results/b32_kernel_session29_*.txt), 1.006x in the other; the fourth stage
+// took the dsd 3-5 % further. -1 (default): two; 1 / 2: that many columns per stage.
 int64_t g_hopper_b32_columns = -1;
 int64_t set_hopper_b32_columns(int64_t columns) {
   PBSNG_CHECK_VALUE(columns == -1 || columns == 1 || columns == 2, "set_hopper_b32_columns: columns=", columns,

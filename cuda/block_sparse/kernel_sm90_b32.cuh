@@ -19,11 +19,13 @@
 //   warp 0 issues (issue): per stage it waits for the free slot, lane 0 arms it and loads the activation tile(s),
 //          lane 8 c + l loads line l's W block of the stage's column c if the line has it.
 // Epilogue: each consumer rounds its 64 tokens x 8 lines (+ bias), writes them by stmatrix into its own output
-// tiles (64-byte swizzle) and stores each line's 64 x 32 tile by TMA, which clips rows past M.
+// tiles (64-byte swizzle; with two columns per stage 2 lines per round) and stores each line's 64 x 32 tile by TMA,
+// which clips rows past M.
 // Two block columns per stage (session 28) halve the stages' fixed cost (the barriers' round trip, the plan's
 // reads: ~0.27 us a stage with neither loads nor wgmma, H100). Their 3 stages starved the loads while the consumers
-// held two of them (wait<1>); since a two-column stage is released as soon as its own wgmma are done (session 29),
-// two columns are faster than one at every density, and the binding takes them (b32_columns in bindings.cpp).
+// held two of them (wait<1>); since a two-column stage is released as soon as its own wgmma are done, and the
+// output tiles take 2 lines per round so that a fourth stage fits (session 29), two columns are faster than one at
+// every density, and the binding takes them (b32_columns in bindings.cpp).
 //
 // Constraints: sm_90a only (other archs compile a trap); fp16 / bf16; blocks of 32; activation row stride a
 // multiple of 16 bytes and 16-byte aligned pointers (bindings.cpp checks).
@@ -56,10 +58,14 @@ struct Config {
   // 64-byte-swizzle view the wgmma reads, that swaps features f and f ^ 1 where bit 3 of f is set; the epilogue
   // swaps them back (the pair sits in one thread's registers i, i ^ 1).
   static constexpr bool kWideRows = !TransposeW_;
-  static constexpr int kLines = 8, kTokens = 128, BK = 32, kStages = Cols_ == 1 ? 6 : 3, kSplit = 1;
+  static constexpr int kLines = 8, kTokens = 128, BK = 32, kStages = Cols_ == 1 ? 6 : 4, kSplit = 1;
+  // Output tiles per consumer: all 8 lines' with one column; with two, 2 lines' at a time (4 rounds of TMA stores),
+  // which leaves room for a fourth stage of 48 KB (session 29: the dsd 3-5 % faster than with 3 stages, the dds
+  // unchanged).
+  static constexpr int kOutLines = Cols_ == 1 ? kLines : 2;
   // Two columns: a consumer releases a stage as soon as its own wgmma are done (wait<0>) instead of one stage later,
-  // so that 2 of the 3 stages can be loading (session 29: 8-18 % faster at density 0.1-1.0 on 8192 x 4096 -> 4096;
-  // with 6 stages of one column 2-4 % slower below density 1.0).
+  // so that all but one stage can be loading (session 29, with 3 stages: 8-18 % faster at density 0.1-1.0 on
+  // 8192 x 4096 -> 4096; with 6 stages of one column 2-4 % slower below density 1.0).
   static constexpr bool kReleaseEarly = Cols_ == 2;
   static constexpr int kLast = 1 << (8 * Cols_);  // flags bit: the tile's last stage
   static constexpr int kPlanLast = 256;            // the same in the plan's flags of a stage's column 0
@@ -93,7 +99,7 @@ struct Config {
   };
   struct SharedStorage {
     Stage stages[kStages];
-    alignas(1024) T out[2][kLines][64 * 32];
+    alignas(1024) T out[2][kOutLines][64 * 32];
     uint32_t bias[2][128];  // per consumer: the tile's 256 bias values as pairs
     uint64_t full[kStages];
     uint64_t empty[kStages];
@@ -441,24 +447,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
       sh.bias[h][tid] = bias_pair;
       cutlass::arch::NamedBarrier::sync(128, 1 + h);
       const T* bias_values = reinterpret_cast<const T*>(sh.bias[h]);
+      constexpr int R = Cfg::kOutLines;
       CUTE_UNROLL
-      for (int l = 0; l < L; ++l) {
-        if (l >= lines) break;  // uniform
-        Tensor c = acc_line(l);
-        Tensor values = make_tensor_like<T>(c);
-        CUTE_UNROLL
-        for (int i = 0; i < size(c); ++i) {
-          const int f = get<1>(coord(i));
-          const float v = (Cfg::kWideRows && ((f >> 3) & 1)) ? c(i ^ 1) : c(i);  // see Config::kWideRows
-          values(i) = T(v + float(bias_values[l * 32 + f]));
+      for (int l0 = 0; l0 < L; l0 += R) {  // rounds of R lines through the output tiles
+        if (l0 >= lines) break;  // uniform
+        if (l0 > 0) {
+          if (tid == 0) sm90ws::tma_store_wait_read();  // the previous round's stores have left sh.out[h]
+          cutlass::arch::NamedBarrier::sync(128, 1 + h);
         }
-        Tensor dst = thr_store.partition_D(make_tensor(make_smem_ptr(sh.out[h][l]), typename Cfg::SmemLayoutOut{}));
-        copy(store_out, thr_store.retile_S(values), dst);
-      }
-      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read next by the TMA stores
-      cutlass::arch::NamedBarrier::sync(128, 1 + h);
-      if (tid == 0) {
-        for (int l = 0; l < lines; ++l) sm90ws::tma_store_2d(&p.out_map, sh.out[h][l], posted[1 + l] * 32, token0);
+        CUTE_UNROLL
+        for (int j = 0; j < R; ++j) {
+          const int l = l0 + j;
+          if (l >= lines) break;  // uniform
+          Tensor c = acc_line(l);
+          Tensor values = make_tensor_like<T>(c);
+          CUTE_UNROLL
+          for (int i = 0; i < size(c); ++i) {
+            const int f = get<1>(coord(i));
+            const float v = (Cfg::kWideRows && ((f >> 3) & 1)) ? c(i ^ 1) : c(i);  // see Config::kWideRows
+            values(i) = T(v + float(bias_values[l * 32 + f]));
+          }
+          Tensor dst = thr_store.partition_D(make_tensor(make_smem_ptr(sh.out[h][j]), typename Cfg::SmemLayoutOut{}));
+          copy(store_out, thr_store.retile_S(values), dst);
+        }
+        cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read next by the TMA stores
+        cutlass::arch::NamedBarrier::sync(128, 1 + h);
+        if (tid == 0) {
+          for (int j = 0; j < R && l0 + j < lines; ++j) {
+            sm90ws::tma_store_2d(&p.out_map, sh.out[h][j], posted[1 + l0 + j] * 32, token0);
+          }
+        }
       }
     }
     Barrier::arrive(&sh.lines_empty[q]);  // after the last read of the posted lines
