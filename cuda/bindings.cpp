@@ -571,9 +571,7 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
               col_indices.data_ptr<int32_t>(), row_order.data_ptr<int32_t>(), nullptr, m, pat.nnz,
               int(pat.n_block_rows), int(pat.n_block_cols), block, int(splits), int(sms), int(g_hopper_stages),
               int(tile_rows), few_rows_split};
-  if (block == 32) {
-    p.b32_columns = b32_columns();
-  }
+  p.b32_columns = b32_columns();  // read by the block-32 Hopper kernel only
   if (splits == 1 && hopper) {
     // The few-rows dsd deals its tiles round-robin (its clusters take the same tiles): no counter.
     const at::Tensor counter = few_rows_split > 0 ? at::Tensor() : tile_counter_for(x, stream);
@@ -621,9 +619,7 @@ at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const
   p.few_rows_split = few_rows_split_for(Product::kDds, dy.device().index(), block, p.m, pat.nnz,
                                         pat.n_block_rows * pat.n_block_cols, groups * ((p.m + 127) / 128),
                                         line_steps, p.sms);
-  if (block == 32) {
-    p.b32_columns = b32_columns();
-  }
+  p.b32_columns = b32_columns();  // read by the block-32 Hopper kernel only
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
   if (p.few_rows_split > 0) {
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)

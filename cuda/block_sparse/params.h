@@ -36,7 +36,7 @@ struct DsdParams {
   int tile_rows = 128;      // SM80 kernel: rows of M per CTA, 64 or 128
   int few_rows_split = 0;   // Hopper kernel: 0, 256-token tiles; 1 or 2, 128-token tiles whose reduction is
                             // split over that many CTAs of a cluster (few rows of M)
-  int b32_columns = 1;      // Hopper kernel for blocks of 32: block columns per pipeline stage, 1 or 2
+  int b32_columns = 2;      // Hopper kernel for blocks of 32: block columns per pipeline stage, 1 or 2
 };
 
 // dx (M, K) = dy (M, N) W, through the column-major index. One CTA per (block column, tile of M rows).
@@ -57,7 +57,7 @@ struct DdsParams {
   int sms;                  // multiprocessors of the device (the Hopper kernels' persistent grid)
   int stages;               // Hopper kernel: pipeline stages, 3 or 4
   int few_rows_split = 0;   // Hopper kernel: as DsdParams::few_rows_split
-  int b32_columns = 1;      // Hopper kernel for blocks of 32: as DsdParams::b32_columns
+  int b32_columns = 2;      // Hopper kernel for blocks of 32: as DsdParams::b32_columns
 };
 
 // dW_b [nnz, B, B] = dy^T x on the kept blocks, reduced over M. One CTA per (kept block, split of M).
