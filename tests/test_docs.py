@@ -57,9 +57,9 @@ def test_performance_page_tables_from_records(tmp_path):
 
 def test_performance_page_shows_the_latest_session_of_a_series(tmp_path):
     # Made-up result files (they stay in tmp_path): two sessions of one series and a file of no series.
-    for name, gpu in (("bench_linear_b32_session8_bf16_X", "Session 8 GPU"), ("bench_linear_b32_session12_bf16_X",
-                                                                           "Session 12 GPU"),
-                      ("bench_linear_X", "Full run GPU")):
+    files = {"bench_linear_b32_session8_bf16_X": "Session 8 GPU", "bench_linear_b32_session12_bf16_X": "Session 12 GPU",
+             "bench_linear_X": "Full run GPU"}
+    for name, gpu in files.items():
         meta = dict(gpu=gpu, torch="2.x", cuda="13.0", reps=5)
         (tmp_path / f"{name}.json").write_text(json.dumps(dict(meta=meta, records=[])))
     text = load_script("gen_performance").generate(str(tmp_path), str(tmp_path / "performance.md"))
