@@ -368,6 +368,27 @@ int64_t set_hopper_b32_columns(int64_t columns) {
 
 int b32_columns() { return g_hopper_b32_columns > 0 ? int(g_hopper_b32_columns) : 2; }
 
+// The block-32 Hopper dds on W's blocks transposed (kernel_transpose_blocks.cuh): one pass over the blocks into a
+// workspace of the weight's size, then the dsd kernel of dy with W^T, whose K-major W tiles load in 128-byte rows;
+// read from W's blocks, the kernel's W_b^T tiles are MN-major in 64-byte rows. Measured against that kernel (H100,
+// bf16, five shapes of 256-4096 tiles, in-process A/B; benchmarks/results/b32_kernel_session30_*.txt): 1.5-14 %
+// faster from density 0.25 (the MN-major kernel took 1.115 / 1.147x the time at 0.5 / 1.0 on 8192 x 4096 -> 4096,
+// 1.117 / 1.129x on 4096 x 16384 -> 4096), within 2-3 % at 0.05-0.1, where the copy's ~5 us count. -1 (default):
+// from density 0.2; 0: never; 1: always.
+int64_t g_hopper_b32_dds_copy = -1;
+int64_t set_hopper_b32_dds_copy(int64_t mode) {
+  PBSNG_CHECK_VALUE(mode >= -1 && mode <= 1, "set_hopper_b32_dds_copy: mode=", mode,
+                    " must be -1 (auto), 0 (off) or 1 (always)");
+  const int64_t previous = g_hopper_b32_dds_copy;
+  g_hopper_b32_dds_copy = mode;
+  return previous;
+}
+
+bool b32_dds_copy_for(int64_t nnz, int64_t cells) {
+  if (g_hopper_b32_dds_copy >= 0) return g_hopper_b32_dds_copy == 1;
+  return 5 * nnz >= cells;
+}
+
 // The Hopper sdd for blocks of 32 (kernel_sm90_sdd_b32.cuh: a CTA per row pair or quad and a chunk of their union,
 // M unsplit). Measured against the SM80 sdd (H100, bf16, with the bias sum; benchmarks/results/ab_sdd_b32_*.txt, with
 // the tile of b32_sdd_mode): 8192 x 4096 -> 4096 1.6x / 2.2x / 4.5x / 8.5x faster at density 0.1 / 0.25 / 0.5 / 1.0;
@@ -630,6 +651,12 @@ at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const
                                             p.sms))) {
     const at::Tensor counter = tile_counter_for(dy, stream);
     p.tile_counter = counter_ptr(counter);
+    // Blocks of 32: W's blocks transposed into a workspace of the work stream, freed (stream-ordered) on return.
+    at::Tensor data_t;
+    if (block == 32 && b32_dds_copy_for(pat.nnz, pat.n_block_rows * pat.n_block_cols)) {
+      data_t = at::empty({pat.nnz, 32, 32}, data.options());
+      p.data_t = data_t.data_ptr();
+    }
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)
                                                  : launch_dds_sm90<DType::kBFloat16>(p, stream), kDds);
   } else {
@@ -829,6 +856,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "block columns per pipeline stage of the block-32 Hopper dsd / dds: -1 auto (default), 1 or 2; returns the "
         "previous value",
         pybind11::arg("columns"));
+  m.def("set_hopper_b32_dds_copy", &pbsng::set_hopper_b32_dds_copy,
+        "the block-32 Hopper dds on a transposed copy of the weight's blocks: -1 auto (default: from density 0.2), "
+        "0 off, 1 always; returns the previous mode",
+        pybind11::arg("mode"));
   m.def("set_hopper_blocks_of_32", &pbsng::set_hopper_blocks_of_32,
         "the Hopper dsd / dds / sdd for blocks of 32: -1 auto (default), 0 off, 1 wherever the Hopper kernels run; returns "
         "the previous mode",

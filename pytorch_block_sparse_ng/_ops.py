@@ -48,7 +48,8 @@ except ImportError as error:
 __all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "sdd_with_bias_grad", "describe_build", "set_hopper_kernels",
            "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row", "set_hopper_tile_schedule",
            "set_hopper_pipeline_stages", "set_hopper_sdd_tail_split", "set_decode_max_rows",
-           "set_hopper_few_rows_split", "set_hopper_blocks_of_32", "set_hopper_b32_columns", "set_hopper_sdd_b32_mode",
+           "set_hopper_few_rows_split", "set_hopper_blocks_of_32", "set_hopper_b32_columns", "set_hopper_b32_dds_copy",
+           "set_hopper_sdd_b32_mode",
            "set_backward_overlap"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
@@ -118,6 +119,15 @@ def set_hopper_b32_columns(columns: int) -> int:
     b32_columns: with each two-column stage released once its wgmma are done, two measured faster than one on every
     size and density but one cell, within 1 %); 1 or 2: that many. Returns the previous value."""
     return int(_C.set_hopper_b32_columns(int(columns)))
+
+
+def set_hopper_b32_dds_copy(mode: int) -> int:
+    """The block-32 Hopper dds (dx = dy W) on a transposed copy of W's blocks, i.e. as the dsd of dy with Wᵀ, whose
+    K-major W tiles load in 128-byte rows (the copy: a pass over the blocks into a workspace of the weight's size,
+    freed when the dds returns). -1 (default): from density 0.2, where it measured 1.5-14 % faster than the kernel
+    that reads W's blocks as MN-major tiles (bindings.cpp, b32_dds_copy_for); 0: never; 1: always. Returns the
+    previous mode."""
+    return int(_C.set_hopper_b32_dds_copy(int(mode)))
 
 
 def set_hopper_sdd_b32_mode(mode: int) -> int:

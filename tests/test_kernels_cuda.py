@@ -373,9 +373,11 @@ B32_CASES += [Case(300, i, o, d, 32, torch.bfloat16) for (i, o) in ((2080, 416),
 @requires_kernels
 @pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
                     reason="the Hopper kernels run on sm_90 GPUs only")
-@pytest.mark.parametrize("columns", (1, 2), ids=("cols1", "cols2"))
+# (block columns per stage, the dds on a transposed copy of W's blocks): every kernel variant the knobs reach.
+@pytest.mark.parametrize("columns, dds_copy", ((1, 1), (2, 1), (1, 0), (2, 0)),
+                         ids=("cols1", "cols2", "cols1-mn_dds", "cols2-mn_dds"))
 @pytest.mark.parametrize("case", B32_CASES, ids=case_id)
-def test_hopper_blocks_of_32(case, columns):
+def test_hopper_blocks_of_32(case, columns, dds_copy):
     from pytorch_block_sparse_ng import _C, _ops
 
     if not _C.uses_hopper_kernels(torch.cuda.current_device(), case.block):
@@ -385,6 +387,7 @@ def test_hopper_blocks_of_32(case, columns):
     previous_decode = _ops.set_decode_max_rows(0)
     previous_b32 = _ops.set_hopper_blocks_of_32(1)  # at every size and density, not only where the rule takes it
     previous_columns = _ops.set_hopper_b32_columns(columns)  # one or two block columns per pipeline stage
+    previous_copy = _ops.set_hopper_b32_dds_copy(dds_copy)  # the dds on W's blocks transposed, or on W's blocks
     try:
         _check_products("Hopper blocks of 32", case, *tensors)
         w, index, x, dy, bias, data = tensors
@@ -395,6 +398,7 @@ def test_hopper_blocks_of_32(case, columns):
         _ops.set_decode_max_rows(previous_decode)
         _ops.set_hopper_blocks_of_32(previous_b32)
         _ops.set_hopper_b32_columns(previous_columns)
+        _ops.set_hopper_b32_dds_copy(previous_copy)
 
 
 @pytest.mark.cuda
@@ -1239,6 +1243,10 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
     assert _ops.set_hopper_b32_columns(-1) == 2
     with pytest.raises(ValueError, match=r"columns=3 must be -1 \(auto\), 1 or 2"):
         _ops.set_hopper_b32_columns(3)
+    assert _ops.set_hopper_b32_dds_copy(0) == -1
+    assert _ops.set_hopper_b32_dds_copy(-1) == 0
+    with pytest.raises(ValueError, match=r"mode=2 must be -1 \(auto\), 0 \(off\) or 1 \(always\)"):
+        _ops.set_hopper_b32_dds_copy(2)
     assert _ops.set_hopper_sdd_b32_mode(2) == -1
     assert _ops.set_hopper_sdd_b32_mode(-1) == 2
     with pytest.raises(ValueError, match=r"mode=3 must be -1 \(auto\), 0 \(row pairs x columns\)"):

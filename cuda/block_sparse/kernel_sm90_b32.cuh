@@ -7,7 +7,8 @@
 // line and k-step, so a line without the block column skips its wgmma: no tensor-core work on absent blocks.
 // A tile: 128 tokens x 8 lines (256 output features). Per stage, one block column of the union of the 8 lines'
 // lists (or two, Config::kCols): the activation tile (128 tokens x 32, A, K-major) and the W blocks of the lines
-// that have it (B: 32 x 32, K-major for the dsd, MN-major for the dds' W_b^T). Bytes per useful FLOP at density d:
+// that have it (B: 32 x 32, K-major for the dsd, MN-major for the dds' W_b^T; from density 0.2 the binding runs the
+// dds as the dsd of dy with W's blocks transposed, kernel_transpose_blocks.cuh). Bytes per useful FLOP at density d:
 // (8 KB + 16 d KB) per 2 x 128 x 8 d x 32 x 32 FLOP, 1.3x a dense 128 x 256 tile's at d = 0.5 (kernel_sm90_ws.cuh's
 // tile of two 64-lines has 1.33x at block 64).
 // A 64 x 32 x 16 wgmma with A in shared memory (SS) reads A (2 KB) and B (1 KB) for 32 K FMA, ~1.5x shared memory's

@@ -58,6 +58,9 @@ struct DdsParams {
   int stages;               // Hopper kernel: pipeline stages, 3 or 4
   int few_rows_split = 0;   // Hopper kernel: as DsdParams::few_rows_split
   int b32_columns = 2;      // Hopper kernel for blocks of 32: as DsdParams::b32_columns
+  // Hopper kernel for blocks of 32: a workspace [nnz, 32, 32] for W's blocks transposed (kernel_transpose_blocks.cuh),
+  // on which the dds runs as the dsd of dy with W^T; nullptr: the dds reads W's blocks (MN-major W_b^T tiles).
+  void* data_t = nullptr;
 };
 
 // dW_b [nnz, B, B] = dy^T x on the kept blocks, reduced over M. One CTA per (kept block, split of M).

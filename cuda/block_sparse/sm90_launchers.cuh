@@ -6,6 +6,7 @@
 #include "block_sparse/kernel_sm90_sdd.cuh"
 #include "block_sparse/kernel_sm90_sdd_b32.cuh"
 #include "block_sparse/kernel_sm90_ws.cuh"
+#include "block_sparse/kernel_transpose_blocks.cuh"
 
 #define PBSNG_DEFINE_DSD_SM90_LAUNCHER(DTYPE)                                                                \
   namespace pbsng {                                                                                        \
@@ -33,6 +34,14 @@
   template <>                                                                                              \
   cudaError_t launch_dds_sm90<DTYPE>(const DdsParams& p, cudaStream_t stream) {                            \
     if (p.nnz < 1) return cudaErrorInvalidValue;                                                           \
+    if (p.block == 32 && p.data_t != nullptr) { /* the dsd of dy with W^T */                              \
+      using T = sm80::ElementFor<DTYPE>::type;                                                             \
+      const cudaError_t err = transpose_blocks::launch<T>(p.data, p.perm_t, p.nnz, p.data_t, stream);      \
+      if (err != cudaSuccess) return err;                                                                  \
+      return sm90b32::launch<T, false>(p.dy, p.m, p.n_block_rows, p.data_t, p.nnz, p.col_offsets_t,        \
+                                       p.row_indices_t, nullptr, p.col_order, p.tile_counter,              \
+                                       p.n_block_cols, nullptr, p.dx, p.sms, p.b32_columns, stream);       \
+    }                                                                                                      \
     if (p.block == 32) {                                                                                   \
       return sm90b32::launch<sm80::ElementFor<DTYPE>::type, true>(                                         \
           p.dy, p.m, p.n_block_rows, p.data, p.nnz, p.col_offsets_t, p.row_indices_t, p.perm_t,            \

@@ -1,0 +1,78 @@
+// out[i] = data[perm[i]]^T for 32 x 32 blocks of 16-bit values: W's blocks transposed, in the order of the
+// transposed index (perm_t), i.e. the data of the block-sparse W^T.
+//
+// Why: the block-32 Hopper dds (dx = dy W) reads W_b^T as its wgmma B operand. Read from W's blocks, that operand
+// is MN-major in 64-byte rows; from W^T's blocks it is K-major and loads in 128-byte rows like the dsd's
+// (kernel_sm90_b32.cuh, Config::kWideRows), and the dds becomes the dsd of dy with W^T. Measured on an H100
+// (8192 x 4096 -> 4096, bf16, benchmarks/results/b32_kernel_session30_*.txt): the dsd on the copy takes 0.87 /
+// 0.85x the dds' time at density 0.5 / 1.0; this copy costs a pass over the blocks.
+//
+// One warp per block: 16-byte coalesced loads of the source rows, the block through shared memory (rows of 17
+// words, so that a column's 8 values read by the lanes of a quarter warp fall in different banks), 16-byte
+// coalesced stores of the transposed rows. Plain CUDA: runs on every arch the extension builds for.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace pbsng {
+namespace transpose_blocks {
+
+constexpr int kBlock = 32;
+constexpr int kWarps = 8;        // blocks per CTA
+constexpr int kPitchWords = 17;  // a staged row: 16 words of data + 1 of padding
+
+template <class Tag>  // Tag: the element type (only its size is used), so that each dtype's TU has its own symbol
+__global__ void __launch_bounds__(32 * kWarps) transpose_kernel(const uint16_t* __restrict__ data,
+                                                                const int32_t* __restrict__ perm, int64_t nnz,
+                                                                uint16_t* __restrict__ out) {
+  __shared__ uint32_t tile[kWarps][kBlock * kPitchWords];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t i = int64_t(blockIdx.x) * kWarps + warp;
+  if (i >= nnz) return;  // whole warps: no block-wide barrier below
+  const uint4* src = reinterpret_cast<const uint4*>(data + int64_t(__ldg(perm + i)) * kBlock * kBlock);
+  uint4* dst = reinterpret_cast<uint4*>(out + i * kBlock * kBlock);
+  uint32_t* t = tile[warp];
+  // A block is 128 chunks of 8 values (16 bytes), 4 per row; lane takes chunks lane + 32 q.
+  uint4 v[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) v[q] = __ldg(src + lane + 32 * q);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int chunk = lane + 32 * q, row = chunk / 4, word = (chunk % 4) * 4;
+    t[row * kPitchWords + word + 0] = v[q].x;
+    t[row * kPitchWords + word + 1] = v[q].y;
+    t[row * kPitchWords + word + 2] = v[q].z;
+    t[row * kPitchWords + word + 3] = v[q].w;
+  }
+  __syncwarp();
+  const uint16_t* t16 = reinterpret_cast<const uint16_t*>(t);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    // Output row c (source column c), values of source rows r0 .. r0 + 7.
+    const int chunk = lane + 32 * q, c = chunk / 4, r0 = (chunk % 4) * 8;
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t lo = t16[(r0 + 2 * j) * 2 * kPitchWords + c];
+      const uint32_t hi = t16[(r0 + 2 * j + 1) * 2 * kPitchWords + c];
+      w[j] = lo | (hi << 16);
+    }
+    dst[chunk] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// data [nnz_data, 32, 32], perm [nnz] (indices into data), out [nnz, 32, 32]; 16-byte aligned pointers.
+template <class Tag>
+cudaError_t launch(const void* data, const int32_t* perm, int64_t nnz, void* out, cudaStream_t stream) {
+  if (nnz == 0) return cudaSuccess;
+  const int64_t ctas = (nnz + kWarps - 1) / kWarps;
+  if (ctas > INT32_MAX) return cudaErrorInvalidValue;
+  transpose_kernel<Tag><<<unsigned(ctas), 32 * kWarps, 0, stream>>>(static_cast<const uint16_t*>(data), perm, nnz,
+                                                                    static_cast<uint16_t*>(out));
+  return cudaGetLastError();
+}
+
+}  // namespace transpose_blocks
+}  // namespace pbsng
