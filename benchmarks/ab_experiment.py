@@ -1,7 +1,7 @@
 """A/B timing of a kernel experiment switched by an environment variable, interleaved so that clock drift hits
 every variant alike.
 
-    python benchmarks/ab_experiment.py --variants new=,old=PBSNG_EXPERIMENT_X=1 [--ops dsd,dds,sdd]
+    python benchmarks/ab_experiment.py --variants new=,old=PBSNG_EXPERIMENT_X=1 [--ops dsd,dds,sdd,backward]
         [--rounds 5] [--shape 8192x4096x4096] [--blocks 64,128] [--densities 0.1,0.25,0.5,1.0]
     python benchmarks/ab_experiment.py --variants three=set_hopper_pipeline_stages=3,four=set_hopper_pipeline_stages=4
     python benchmarks/ab_experiment.py --variants new=,old=build=/tmp/old/pytorch_block_sparse_ng/_C.so+bias=1
@@ -18,7 +18,8 @@ line pairs, layout.pair_order(..., max_matched_rows=0), instead of the pattern's
 variant is the reference of the ratios. Each round draws a fresh random pattern and times every variant
 once (median of 30 CUDA-event timings) in a rotating order; the table gives the median over rounds of each
 variant's time, its ratio to the first variant of the same round, and the first variant's spread.
-The sdd runs with the bias gradient (what the layer's backward calls). --graph-calls N times each variant per call
+The sdd runs with the bias gradient (what the layer's backward calls); the op "backward" is the layer's whole
+backward (dx, dW_b and the bias gradient: the dds on a second stream beside the sdd, as in training). --graph-calls N times each variant per call
 in a CUDA graph of N calls instead (short kernels, whose eager timing would include the host's launch time).
 """
 
@@ -103,7 +104,8 @@ def main():
                         idx = greedy if env.get("pairs") == "greedy" else index
                         return {"dsd": lambda: ext.dsd(x, data, b, *idx),
                                 "dds": lambda: ext.dds(dy, data, *idx),
-                                "sdd": lambda: ext.sdd(dy, x, *idx, shape, True)}[op]
+                                "sdd": lambda: ext.sdd(dy, x, *idx, shape, True),
+                                "backward": lambda: ext.linear_backward(dy, x, data, list(idx), True, True, True)}[op]
                     exts = {name: builds[env["build"]] if "build" in env else _C for name, env in settings.items()}
                     return {name: with_env(env, run_of(exts[name], env), exts[name]) for name, env in settings.items()}
 
