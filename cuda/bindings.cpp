@@ -371,10 +371,10 @@ int b32_columns() { return g_hopper_b32_columns > 0 ? int(g_hopper_b32_columns) 
 // The block-32 Hopper dds on W's blocks transposed (kernel_transpose_blocks.cuh): one pass over the blocks into a
 // workspace of the weight's size, then the dsd kernel of dy with W^T, whose K-major W tiles load in 128-byte rows;
 // read from W's blocks, the kernel's W_b^T tiles are MN-major in 64-byte rows. Measured against that kernel (H100,
-// bf16, five shapes of 256-4096 tiles, in-process A/B; benchmarks/results/b32_kernel_session30_*.txt): 1.5-14 %
-// faster from density 0.25 (the MN-major kernel took 1.115 / 1.147x the time at 0.5 / 1.0 on 8192 x 4096 -> 4096,
-// 1.117 / 1.129x on 4096 x 16384 -> 4096), within 2-3 % at 0.05-0.1, where the copy's ~5 us count. -1 (default):
-// from density 0.2; 0: never; 1: always.
+// bf16, five shapes of 256-4096 tiles, in-process A/B; benchmarks/results/b32_kernel_session30_*.txt): from density
+// 0.25 1-17 % faster in 19 of 20 cells and 0.6 % slower in the other (the MN-major kernel took 1.115 / 1.147x the time
+// at 0.5 / 1.0 on 8192 x 4096 -> 4096, 1.117 / 1.129x on 4096 x 16384 -> 4096), within 2-3 % at 0.05-0.1, where the
+// copy's ~5 us count. -1 (default): from density 0.2; 0: never; 1: always.
 int64_t g_hopper_b32_dds_copy = -1;
 int64_t set_hopper_b32_dds_copy(int64_t mode) {
   PBSNG_CHECK_VALUE(mode >= -1 && mode <= 1, "set_hopper_b32_dds_copy: mode=", mode,
