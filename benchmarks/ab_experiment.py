@@ -19,8 +19,9 @@ variant is the reference of the ratios. Each round draws a fresh random pattern 
 once (median of 30 CUDA-event timings) in a rotating order; the table gives the median over rounds of each
 variant's time, its ratio to the first variant of the same round, and the first variant's spread.
 The sdd runs with the bias gradient (what the layer's backward calls); the op "backward" is the layer's whole
-backward (dx, dW_b and the bias gradient: the dds on a second stream beside the sdd, as in training). --graph-calls N times each variant per call
-in a CUDA graph of N calls instead (short kernels, whose eager timing would include the host's launch time).
+backward (dx, dW_b and the bias gradient: the dds on a second stream beside the sdd, as in training).
+--graph-calls N times each variant per call in a CUDA graph of N calls instead (short kernels, whose eager timing
+would include the host's launch time).
 """
 
 import importlib.util

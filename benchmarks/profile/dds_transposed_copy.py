@@ -50,6 +50,7 @@ def main():
                 err = (dx.float() - dx_t.float()).abs().max().item() / max(dx.float().abs().max().item(), 1e-30)
                 if err > 1e-2:
                     raise SystemExit(f"block {block} density {density}: the dsd on the copy differs by {err:.3g}")
+
                 def dds_on_w():
                     previous = _C.set_hopper_b32_dds_copy(0)
                     try:
