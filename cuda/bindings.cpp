@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -175,9 +176,7 @@ int64_t g_tile_schedule = int64_t(TileSchedule::kAuto);
 int64_t set_hopper_tile_schedule(int64_t schedule) {
   PBSNG_CHECK_VALUE(schedule >= 0 && schedule <= 2, "set_hopper_tile_schedule: schedule=", schedule,
                     " must be 0 (auto), 1 (counter) or 2 (round-robin)");
-  const int64_t previous = g_tile_schedule;
-  g_tile_schedule = schedule;
-  return previous;
+  return std::exchange(g_tile_schedule, schedule);
 }
 
 // `count` int32 counters that are zero when a kernel starts and that the kernel leaves zeroed again. In eager
@@ -217,9 +216,7 @@ at::Tensor tile_counter_for(const at::Tensor& like, cudaStream_t stream) {
 int* counter_ptr(const at::Tensor& counter) { return counter.defined() ? counter.data_ptr<int>() : nullptr; }
 
 bool set_hopper_kernels(bool enabled) {
-  const bool previous = g_hopper_enabled;
-  g_hopper_enabled = enabled;
-  return previous;
+  return std::exchange(g_hopper_enabled, enabled);
 }
 
 // The Hopper sdd gives each CTA a chunk of 8 blocks (block 64) of one block row: rows of 1-2 blocks leave most
@@ -237,9 +234,7 @@ int64_t exchange_knob(int64_t& knob, int64_t value, int64_t least, const char* f
                       *most, "]");
   }
   PBSNG_CHECK_VALUE(value >= least, fn, ": ", name, "=", value, " must be >= ", least);
-  const int64_t previous = knob;
-  knob = value;
-  return previous;
+  return std::exchange(knob, value);
 }
 
 int64_t set_hopper_sdd_min_blocks_per_row(int64_t blocks) {
@@ -280,9 +275,7 @@ int64_t sdd_sm90_splits(int block, int64_t ctas, int64_t sms, int64_t steps) {
 // The Hopper sdd's tail split (kernel_sm90_sdd.cuh, blocks of 128): on by default; off for A/B measurements.
 bool g_hopper_sdd_tail_split = true;
 bool set_hopper_sdd_tail_split(bool enabled) {
-  const bool previous = g_hopper_sdd_tail_split;
-  g_hopper_sdd_tail_split = enabled;
-  return previous;
+  return std::exchange(g_hopper_sdd_tail_split, enabled);
 }
 
 // Pipeline stages of the Hopper dsd / dds: 3 (48 KB each, the 64 KB output tile staged whole) or 4 (its two
@@ -290,9 +283,7 @@ bool set_hopper_sdd_tail_split(bool enabled) {
 int64_t g_hopper_stages = 4;
 int64_t set_hopper_pipeline_stages(int64_t stages) {
   PBSNG_CHECK_VALUE(stages == 3 || stages == 4, "set_hopper_pipeline_stages: stages=", stages, " must be 3 or 4");
-  const int64_t previous = g_hopper_stages;
-  g_hopper_stages = stages;
-  return previous;
+  return std::exchange(g_hopper_stages, stages);
 }
 
 int64_t set_hopper_min_rows(int64_t rows) {
@@ -308,9 +299,7 @@ int64_t g_few_rows_split = -1;
 int64_t set_hopper_few_rows_split(int64_t split) {
   PBSNG_CHECK_VALUE(split >= -1 && split <= 2, "set_hopper_few_rows_split: split=", split,
                     " must be -1 (auto), 0 (off), 1 or 2");
-  const int64_t previous = g_few_rows_split;
-  g_few_rows_split = split;
-  return previous;
+  return std::exchange(g_few_rows_split, split);
 }
 
 // The Hopper dsd / dds for blocks of 32 (kernel_sm90_b32.cuh: 128 tokens x 8 lines per tile). It beats the SM80
@@ -326,9 +315,7 @@ int64_t set_hopper_few_rows_split(int64_t split) {
 int64_t g_hopper_b32 = -1;
 int64_t set_hopper_blocks_of_32(int64_t mode) {
   PBSNG_CHECK_VALUE(mode >= -1 && mode <= 1, "set_hopper_blocks_of_32: mode=", mode, " must be -1 (auto), 0 (off) or 1");
-  const int64_t previous = g_hopper_b32;
-  g_hopper_b32 = mode;
-  return previous;
+  return std::exchange(g_hopper_b32, mode);
 }
 
 // The block-32 dsd / dds tiles: 8 lines x 128 tokens.
@@ -361,9 +348,7 @@ int64_t g_hopper_b32_columns = -1;
 int64_t set_hopper_b32_columns(int64_t columns) {
   PBSNG_CHECK_VALUE(columns == -1 || columns == 1 || columns == 2, "set_hopper_b32_columns: columns=", columns,
                     " must be -1 (auto), 1 or 2");
-  const int64_t previous = g_hopper_b32_columns;
-  g_hopper_b32_columns = columns;
-  return previous;
+  return std::exchange(g_hopper_b32_columns, columns);
 }
 
 int b32_columns() { return g_hopper_b32_columns > 0 ? int(g_hopper_b32_columns) : 2; }
@@ -379,9 +364,7 @@ int64_t g_hopper_b32_dds_copy = -1;
 int64_t set_hopper_b32_dds_copy(int64_t mode) {
   PBSNG_CHECK_VALUE(mode >= -1 && mode <= 1, "set_hopper_b32_dds_copy: mode=", mode,
                     " must be -1 (auto), 0 (off) or 1 (always)");
-  const int64_t previous = g_hopper_b32_dds_copy;
-  g_hopper_b32_dds_copy = mode;
-  return previous;
+  return std::exchange(g_hopper_b32_dds_copy, mode);
 }
 
 bool b32_dds_copy_for(int64_t nnz, int64_t cells) {
@@ -421,9 +404,7 @@ int64_t set_hopper_sdd_b32_mode(int64_t mode) {
   PBSNG_CHECK_VALUE(mode >= -1 && mode <= 2, "set_hopper_sdd_b32_mode: mode=", mode,
                     " must be -1 (auto), 0 (row pairs x columns), 1 (row pairs x column pairs) or 2 (row quads x "
                     "column pairs)");
-  const int64_t previous = g_sdd_b32_mode;
-  g_sdd_b32_mode = mode;
-  return previous;
+  return std::exchange(g_sdd_b32_mode, mode);
 }
 
 int b32_sdd_mode(int64_t nnz, int64_t n_block_rows, int64_t n_block_cols, int64_t sms) {

@@ -163,9 +163,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
 }  // namespace
 
 bool set_backward_overlap(bool enabled) {
-  const bool previous = g_backward_overlap;
-  g_backward_overlap = enabled;
-  return previous;
+  return std::exchange(g_backward_overlap, enabled);
 }
 
 std::tuple<std::optional<at::Tensor>, std::optional<at::Tensor>, std::optional<at::Tensor>> linear_backward(
