@@ -1,0 +1,134 @@
+// Diagnostic (standalone, not part of the extension): the tensor cores' rate for the wgmma shapes of the block-32
+// kernel (kernel_sm90_b32.cuh) against wider ones, with nothing else in the loop: no barriers, no loads.
+//
+// Each consumer warpgroup runs `stages` stages of 64 tokens x 256 features x K 32, the work of a block-32 stage
+// column with all 8 lines present, as 8 lines of 64 x 32 (N = 32), 4 of 64, 2 of 128 or 1 of 256, each two k-steps
+// of 16; per stage: (RS: its A by ldmatrix), fence, the batch, commit, wait<0> (as the kernel's early release).
+// Branch: each line's wgmma under a runtime-true flag, as the kernel's `if (flags >> l & 1)`.
+// Prints clocks per stage (clock64 of each consumer's thread 0, mean over consumers).
+//
+//   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I$CUTLASS/include \
+//        benchmarks/profile/wgmma_rate.cu -o /tmp/wgmma_rate && /tmp/wgmma_rate
+#include <cstdio>
+#include <cuda_runtime.h>
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/copy_atom.hpp>
+#include <cute/arch/copy_sm75.hpp>
+#include <cute/arch/mma_sm90.hpp>
+
+using namespace cute;
+using T = cute::bfloat16_t;
+
+template <int N, bool RS, bool Branch>
+__global__ void __launch_bounds__(256, 1) rate_kernel(long long* out, int stages, int consumers, int flags_in) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) char smem_raw[];
+  constexpr int L = 256 / N;
+  using SmemLayoutA = decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<T>{}, make_shape(Int<64>{}, Int<32>{})));
+  using SmemLayoutB = decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<T>{}, make_shape(Int<N>{}, Int<32>{})));
+  using Atom = cute::conditional_t<RS, decltype(GMMA::rs_op_selector<T, T, float, Shape<_64, Int<N>, _16>>()),
+                                   decltype(GMMA::ss_op_selector<T, T, float, Shape<_64, Int<N>, _16>>())>;
+  using TiledMma = decltype(make_tiled_mma(Atom{}));
+  const int h = __reduce_max_sync(0xffffffffu, int(threadIdx.x / 128)), tid = threadIdx.x % 128;
+  if (h >= consumers) return;
+  const int flags = __reduce_or_sync(0xffffffffu, flags_in);
+  T* a_ptr = reinterpret_cast<T*>(smem_raw) + h * 64 * 32;
+  T* b_ptr = reinterpret_cast<T*>(smem_raw) + 2 * 64 * 32;
+  for (int i = threadIdx.x; i < (2 * 64 * 32 + 256 * 32); i += blockDim.x) reinterpret_cast<T*>(smem_raw)[i] = T(0);
+  __syncthreads();  // consumers >= 1 of 2: every thread reached it (returned ones are past their stores)
+
+  TiledMma mma;
+  auto thr = mma.get_thread_slice(tid);
+  Tensor sA = make_tensor(make_smem_ptr(a_ptr), SmemLayoutA{});
+  Tensor acc = partition_fragment_C(mma, Shape<_64, Int<N * L>>{});
+  using LineFragment = decltype(partition_fragment_C(mma, Shape<_64, Int<N>>{}));
+  constexpr int kLineValues = decltype(size(LineFragment{}))::value;
+  auto acc_line = [&](int l) { return make_tensor(acc.data() + l * kLineValues, LineFragment{}.layout()); };
+  clear(acc);
+  using TiledLoadA = decltype(make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, T>{}, TiledMma{}));
+  TiledLoadA load_a;
+  auto thr_load_a = load_a.get_thread_slice(tid);
+  auto rA = thr.partition_fragment_A(sA);
+  auto tCrA_ss = thr.make_fragment_A(thr.partition_A(sA));
+
+  const long long t0 = clock64();
+  for (int s = 0; s < stages; ++s) {
+    if constexpr (RS) copy(load_a, thr_load_a.partition_S(sA), thr_load_a.retile_D(rA));
+    warpgroup_fence_operand(acc);
+    warpgroup_arrive();
+    CUTE_UNROLL
+    for (int l = 0; l < L; ++l) {
+      Tensor sB = make_tensor(make_smem_ptr(b_ptr + l * N * 32), SmemLayoutB{});
+      Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));
+      Tensor c = acc_line(l);
+      if (!Branch || ((flags >> l) & 1)) {
+        if constexpr (RS) gemm(mma, rA, tCrB, c);
+        else gemm(mma, tCrA_ss, tCrB, c);
+      }
+    }
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc);
+  }
+  const long long t1 = clock64();
+  if (tid == 0) out[blockIdx.x * 2 + h] = t1 - t0;
+  float sum = 0.f;
+  for (int i = 0; i < size(acc); ++i) sum += acc(i);
+  if (sum == 12345.f) out[0] = -1;  // keeps the accumulators live; never true (inputs are zero)
+#endif
+}
+
+template <int N, bool RS, bool Branch>
+void run(int consumers, int sms) {
+  constexpr int kStages = 2000;
+  const int smem = (2 * 64 * 32 + 256 * 32) * 2 + 1024;
+  auto kernel = rate_kernel<N, RS, Branch>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  long long* out;
+  cudaMalloc(&out, sizeof(long long) * sms * 2);
+  kernel<<<sms, 256, smem>>>(out, 100, consumers, 0xff);  // warm-up
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventRecord(e0);
+  kernel<<<sms, 256, smem>>>(out, kStages, consumers, 0xff);
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  long long host[2 * 1024];
+  cudaMemcpy(host, out, sizeof(long long) * sms * 2, cudaMemcpyDeviceToHost);
+  double clocks = 0;
+  for (int b = 0; b < sms; ++b)
+    for (int h = 0; h < consumers; ++h) clocks += double(host[b * 2 + h]);
+  clocks /= double(sms) * consumers * kStages;
+  // MAC per SM and stage: consumers x 64 x 256 x 32; dense bf16 peak is 2048 MAC per clock per SM (H100).
+  const double macs = double(consumers) * 64 * 256 * 32;
+  printf("N=%3d %s%s consumers=%d: %7.1f clocks per stage (%5.1f per 64x%dx16 wgmma, %.0f%% of 2048 MAC/clk), "
+         "%.3f ms, %.2f GHz\n", N, RS ? "RS" : "SS", Branch ? " branch" : "       ", consumers, clocks,
+         clocks / (consumers * 2.0 * (256 / N)), N, 100.0 * macs / clocks / 2048.0, ms,
+         clocks * kStages / (ms * 1e-3) / 1e9);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) printf("error: %s\n", cudaGetErrorString(err));
+  cudaFree(out);
+}
+
+int main() {
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  const int sms = prop.multiProcessorCount;
+  printf("%s, %d SMs\n", prop.name, sms);
+  for (int consumers = 1; consumers <= 2; ++consumers) {
+    run<32, true, false>(consumers, sms);
+    run<32, true, true>(consumers, sms);
+    run<32, false, false>(consumers, sms);
+    run<64, true, false>(consumers, sms);
+    run<64, true, true>(consumers, sms);
+    run<128, true, false>(consumers, sms);
+    run<256, true, false>(consumers, sms);
+    run<256, false, false>(consumers, sms);
+  }
+  return 0;
+}
