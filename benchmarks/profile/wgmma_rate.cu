@@ -4,7 +4,8 @@
 // Each consumer warpgroup runs `stages` stages of 64 tokens x 256 features x K 32, the work of a block-32 stage
 // column with all 8 lines present, as 8 lines of 64 x 32 (N = 32), 4 of 64, 2 of 128 or 1 of 256, each two k-steps
 // of 16; per stage: (RS: its A by ldmatrix), fence, the batch, commit, wait<0> (as the kernel's early release).
-// Branch: each line's wgmma under a runtime-true flag, as the kernel's `if (flags >> l & 1)`.
+// Branch: each line's wgmma under a runtime-true flag, as the kernel's `if (flags >> l & 1)`, or under a guard
+// predicate of the wgmma itself (no branch).
 // Prints clocks per stage (clock64 of each consumer's thread 0, mean over consumers).
 //
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I$CUTLASS/include \
@@ -21,7 +22,23 @@
 using namespace cute;
 using T = cute::bfloat16_t;
 
-template <int N, bool RS, bool Branch>
+// One 64 x 32 x 16 RS wgmma (bf16, fp32 accumulators) under a guard predicate instead of a branch.
+__device__ __forceinline__ void wgmma_64x32x16_rs_guarded(int on, const uint32_t (&a)[4], uint64_t desc_b, float* d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred g;\n"
+      "setp.ne.b32 g, %21, 0;\n"
+      "@g wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15},"
+      "{%16, %17, %18, %19}, %20, 1, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(on));
+}
+
+// Branch: 0 none, 1 `if` per line, 2 guard predicate per line (N = 32, RS only).
+template <int N, bool RS, int Branch>
 __global__ void __launch_bounds__(256, 1) rate_kernel(long long* out, int stages, int consumers, int flags_in) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) char smem_raw[];
@@ -63,7 +80,16 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(long long* out, int stages
       Tensor sB = make_tensor(make_smem_ptr(b_ptr + l * N * 32), SmemLayoutB{});
       Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));
       Tensor c = acc_line(l);
-      if (!Branch || ((flags >> l) & 1)) {
+      if constexpr (Branch == 2) {
+        static_assert(N == 32 && RS, "the guarded wgmma is 64 x 32 x 16 RS");
+        const int on = (flags >> l) & 1;
+        CUTE_UNROLL
+        for (int k = 0; k < 2; ++k) {
+          Tensor ak = recast<uint32_t>(rA(_, _, k));
+          const uint32_t a[4] = {ak(0), ak(1), ak(2), ak(3)};
+          wgmma_64x32x16_rs_guarded(on, a, uint64_t(tCrB(_0{}, _0{}, k)), &c(0));
+        }
+      } else if (!Branch || ((flags >> l) & 1)) {
         if constexpr (RS) gemm(mma, rA, tCrB, c);
         else gemm(mma, tCrA_ss, tCrB, c);
       }
@@ -80,7 +106,7 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(long long* out, int stages
 #endif
 }
 
-template <int N, bool RS, bool Branch>
+template <int N, bool RS, int Branch>
 void run(int consumers, int sms) {
   constexpr int kStages = 2000;
   const int smem = (2 * 64 * 32 + 256 * 32) * 2 + 1024;
@@ -107,7 +133,7 @@ void run(int consumers, int sms) {
   // MAC per SM and stage: consumers x 64 x 256 x 32; dense bf16 peak is 2048 MAC per clock per SM (H100).
   const double macs = double(consumers) * 64 * 256 * 32;
   printf("N=%3d %s%s consumers=%d: %7.1f clocks per stage (%5.1f per 64x%dx16 wgmma, %.0f%% of 2048 MAC/clk), "
-         "%.3f ms, %.2f GHz\n", N, RS ? "RS" : "SS", Branch ? " branch" : "       ", consumers, clocks,
+         "%.3f ms, %.2f GHz\n", N, RS ? "RS" : "SS", Branch == 2 ? " guard " : Branch ? " branch" : "       ", consumers, clocks,
          clocks / (consumers * 2.0 * (256 / N)), N, 100.0 * macs / clocks / 2048.0, ms,
          clocks * kStages / (ms * 1e-3) / 1e9);
   cudaError_t err = cudaGetLastError();
@@ -121,14 +147,15 @@ int main() {
   const int sms = prop.multiProcessorCount;
   printf("%s, %d SMs\n", prop.name, sms);
   for (int consumers = 1; consumers <= 2; ++consumers) {
-    run<32, true, false>(consumers, sms);
-    run<32, true, true>(consumers, sms);
-    run<32, false, false>(consumers, sms);
-    run<64, true, false>(consumers, sms);
-    run<64, true, true>(consumers, sms);
-    run<128, true, false>(consumers, sms);
-    run<256, true, false>(consumers, sms);
-    run<256, false, false>(consumers, sms);
+    run<32, true, 0>(consumers, sms);
+    run<32, true, 1>(consumers, sms);
+    run<32, true, 2>(consumers, sms);
+    run<32, false, 0>(consumers, sms);
+    run<64, true, 0>(consumers, sms);
+    run<64, true, 1>(consumers, sms);
+    run<128, true, 0>(consumers, sms);
+    run<256, true, 0>(consumers, sms);
+    run<256, false, 0>(consumers, sms);
   }
   return 0;
 }
