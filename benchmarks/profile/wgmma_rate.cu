@@ -49,12 +49,14 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(long long* out, int stages
                                    decltype(GMMA::ss_op_selector<T, T, float, Shape<_64, Int<N>, _16>>())>;
   using TiledMma = decltype(make_tiled_mma(Atom{}));
   const int h = __reduce_max_sync(0xffffffffu, int(threadIdx.x / 128)), tid = threadIdx.x % 128;
+  // Zero operands (the tensor cores' time does not depend on the values), written by all threads before any
+  // warpgroup leaves, so that the barrier counts every thread.
+  for (int i = threadIdx.x; i < (2 * 64 * 32 + 256 * 32); i += blockDim.x) reinterpret_cast<T*>(smem_raw)[i] = T(0);
+  __syncthreads();
   if (h >= consumers) return;
   const int flags = __reduce_or_sync(0xffffffffu, flags_in);
   T* a_ptr = reinterpret_cast<T*>(smem_raw) + h * 64 * 32;
   T* b_ptr = reinterpret_cast<T*>(smem_raw) + 2 * 64 * 32;
-  for (int i = threadIdx.x; i < (2 * 64 * 32 + 256 * 32); i += blockDim.x) reinterpret_cast<T*>(smem_raw)[i] = T(0);
-  __syncthreads();  // consumers >= 1 of 2: every thread reached it (returned ones are past their stores)
 
   TiledMma mma;
   auto thr = mma.get_thread_slice(tid);
