@@ -5,7 +5,7 @@
 // column with all 8 lines present, as 8 lines of 64 x 32 (N = 32), 4 of 64, 2 of 128 or 1 of 256, each two k-steps
 // of 16; per stage: (RS: its A by ldmatrix), fence, the batch, commit, wait<0> (as the kernel's early release).
 // Branch: each line's wgmma under a runtime-true flag, as the kernel's `if (flags >> l & 1)`, or under a guard
-// predicate of the wgmma itself (no branch).
+// predicate of the wgmma itself (which ptxas turns back into a branch per wgmma, each with its own fence).
 // Prints clocks per stage (clock64 of each consumer's thread 0, mean over consumers).
 //
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I$CUTLASS/include \
@@ -134,12 +134,14 @@ void run(int consumers, int sms) {
   clocks /= double(sms) * consumers * kStages;
   // MAC per SM and stage: consumers x 64 x 256 x 32; dense bf16 peak is 2048 MAC per clock per SM (H100).
   const double macs = double(consumers) * 64 * 256 * 32;
+  const char* branch = Branch == 2 ? " guard " : Branch == 1 ? " branch" : "       ";
   printf("N=%3d %s%s consumers=%d: %7.1f clocks per stage (%5.1f per 64x%dx16 wgmma, %.0f%% of 2048 MAC/clk), "
-         "%.3f ms, %.2f GHz\n", N, RS ? "RS" : "SS", Branch == 2 ? " guard " : Branch ? " branch" : "       ", consumers, clocks,
-         clocks / (consumers * 2.0 * (256 / N)), N, 100.0 * macs / clocks / 2048.0, ms,
-         clocks * kStages / (ms * 1e-3) / 1e9);
+         "%.3f ms, %.2f GHz\n", N, RS ? "RS" : "SS", branch, consumers, clocks, clocks / (consumers * 2.0 * (256 / N)),
+         N, 100.0 * macs / clocks / 2048.0, ms, clocks * kStages / (ms * 1e-3) / 1e9);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) printf("error: %s\n", cudaGetErrorString(err));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
   cudaFree(out);
 }
 
