@@ -4,7 +4,8 @@
 // split into boxes of 64-byte rows (32 bf16, the block-32 kernels' activation and W boxes) or 128-byte rows (the
 // 256-token kernels' boxes and the block-32 dsd's W blocks). If the rows bound a stage, the 64-byte-row variants take
 // twice the 128-byte-row ones; if the bytes do, all take the same; if the TMA instructions do, the 2 KB boxes lag.
-// Session 32 asked which (doc/kernels.md, "After session 32", item (2)).
+// Session 32 asked which (doc/kernels.md, "After session 32", item (2)); written and compiled then, not run yet (the
+// session's device time was spent).
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/profile/tma_row_rate.cu \
 //        -o /tmp/tma_row_rate && /tmp/tma_row_rate
