@@ -47,7 +47,7 @@ __device__ __forceinline__ void wait_parity(uint32_t barrier, uint32_t parity) {
       : "memory");
 }
 
-// Stage s's boxes (boxes of box_cols x box_rows, laid out one after the other) loaded with one expect_tx.
+// One stage's boxes (box_cols x box_rows each, laid out one after the other), armed with one expect_tx.
 __device__ __forceinline__ void load_stage(const CUtensorMap* map, uint32_t barrier, uint32_t destination, int boxes,
                                            int box_cols, int box_rows, int cta, int iteration) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier), "r"(kStageBytes) : "memory");
