@@ -53,16 +53,15 @@ __device__ __forceinline__ void wait_parity(uint32_t barrier, uint32_t parity) {
 
 // One stage's boxes (box_cols x box_rows each, laid out one after the other), armed with one expect_tx.
 __device__ __forceinline__ void load_stage(const CUtensorMap* map, uint32_t barrier, uint32_t destination, int boxes,
-                                           int box_cols, int box_rows, int cta, int iteration) {
+                                           int box_cols, int box_rows, bool contiguous, int cta, int iteration) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier), "r"(kStageBytes) : "memory");
   const int box_bytes = kStageBytes / boxes;
-  // A contiguous map (the W blocks of `data`) is one column of box_cols wide: every box is one run of bytes.
-  const int contiguous = box_cols < 0;
-  box_cols = contiguous ? -box_cols : box_cols;
+  // A contiguous map (the W blocks of `data`) is one column box_cols wide: every box is one run of bytes, and a
+  // stage's boxes are 17 boxes apart (a stage's W blocks belong to different lines, far apart in `data`).
   const int col_tiles = contiguous ? 1 : kCols / box_cols;
   const int row_tiles = (contiguous ? kRows * (kCols / box_cols) : kRows) / box_rows;
   for (int b = 0; b < boxes; ++b) {
-    const int col = col_tiles == 1 ? 0 : ((cta * 7 + iteration * boxes + b) % col_tiles) * box_cols;
+    const int col = ((cta * 7 + iteration * boxes + b) % col_tiles) * box_cols;
     const int row = ((cta * 13 + iteration * 3 + b * (contiguous ? 17 : 1)) % row_tiles) * box_rows;
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
@@ -74,7 +73,7 @@ __device__ __forceinline__ void load_stage(const CUtensorMap* map, uint32_t barr
 
 template <int S>
 __global__ void stream_kernel(const __grid_constant__ CUtensorMap map, int boxes, int box_cols, int box_rows,
-                              int iterations, long long* clocks) {
+                              bool contiguous, int iterations, long long* clocks) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full[S];
   const uint32_t base = (smem_address(smem_raw) + 1023) & ~1023u;
@@ -82,14 +81,16 @@ __global__ void stream_kernel(const __grid_constant__ CUtensorMap map, int boxes
   for (int s = 0; s < S; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_address(&full[s])));
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   for (int s = 0; s < S; ++s) {
-    load_stage(&map, smem_address(&full[s]), base + s * kStageBytes, boxes, box_cols, box_rows, blockIdx.x, s);
+    load_stage(&map, smem_address(&full[s]), base + s * kStageBytes, boxes, box_cols, box_rows, contiguous,
+               blockIdx.x, s);
   }
   const long long t0 = clock64();
   for (int it = 0; it < iterations; ++it) {
     const int s = it % S;
     wait_parity(smem_address(&full[s]), (it / S) & 1);
     // Reload the stage at once (the last S loads are drained after the clock stops).
-    load_stage(&map, smem_address(&full[s]), base + s * kStageBytes, boxes, box_cols, box_rows, blockIdx.x, it + S);
+    load_stage(&map, smem_address(&full[s]), base + s * kStageBytes, boxes, box_cols, box_rows, contiguous,
+               blockIdx.x, it + S);
   }
   const long long t1 = clock64();
   for (int it = iterations; it < iterations + S; ++it) wait_parity(smem_address(&full[it % S]), (it / S) & 1);
@@ -140,58 +141,57 @@ int main() {
       {"contiguous 128-byte rows, 64-row boxes (8 KB)", 64, 64, true},
   };
   for (const int S : {4, 6}) {  // stages in flight per CTA: does more in flight raise the rate (latency-bound)?
-  const int smem = S * kStageBytes + 1024;
-  const auto kernel = S == 4 ? stream_kernel<4> : stream_kernel<6>;
-  std::printf("%s, %d SMs, stages of 32 KB, %d in flight per CTA, source %d x %d bf16 (L2-resident)\n", prop.name, sms,
-              S, kRows, kCols);
-  std::printf("%-62s %5s %6s %5s %9s %9s %9s %8s\n", "box", "CTAs", "boxes", "rows", "clk/stage", "B/clk/SM", "clk/row",
-              "TB/s");
-  for (const Variant& v : variants) {
-    CUtensorMap map;
-    const cuuint64_t cols = v.contiguous ? v.box_cols : kCols;
-    const cuuint64_t dims[2] = {cols, cuuint64_t(kRows) * kCols / cols};
-    const cuuint64_t strides[1] = {cols * 2};
-    const cuuint32_t box[2] = {cuuint32_t(v.box_cols), cuuint32_t(v.box_rows)};
-    const cuuint32_t element_strides[2] = {1, 1};
-    const CUtensorMapSwizzle swizzle = v.box_cols == 32 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
-    const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, source, dims, strides, box, element_strides,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-      std::printf("encode failed (%d) for %s\n", int(r), v.name);
-      return 1;
-    }
-    const int boxes = kStageBytes / (v.box_cols * v.box_rows * 2);
-    for (int ctas : {sms, sms / 4}) {
-      const int iterations = 2000;
-      std::vector<float> times;
-      std::vector<double> per_stage;
-      for (int rep = 0; rep < 4; ++rep) {
-        CHECK(cudaEventRecord(start));
-        kernel<<<ctas, 32, smem>>>(map, boxes, v.contiguous ? -v.box_cols : v.box_cols, v.box_rows, iterations,
-                                   clocks);
-        CHECK(cudaEventRecord(stop));
-        CHECK(cudaEventSynchronize(stop));
-        CHECK(cudaGetLastError());
-        float ms = 0;
-        CHECK(cudaEventElapsedTime(&ms, start, stop));
-        std::vector<long long> host(ctas);
-        CHECK(cudaMemcpy(host.data(), clocks, ctas * sizeof(long long), cudaMemcpyDeviceToHost));
-        double sum = 0;
-        for (long long c : host) sum += double(c);
-        if (rep > 0) {  // the first run warms L2
-          times.push_back(ms);
-          per_stage.push_back(sum / ctas / iterations);
-        }
+    const int smem = S * kStageBytes + 1024;
+    const auto kernel = S == 4 ? stream_kernel<4> : stream_kernel<6>;
+    std::printf("%s, %d SMs, stages of 32 KB, %d in flight per CTA, source %d x %d bf16 (L2-resident)\n", prop.name,
+                sms, S, kRows, kCols);
+    std::printf("%-62s %5s %6s %5s %9s %9s %9s %8s\n", "box", "CTAs", "boxes", "rows", "clk/stage", "B/clk/SM",
+                "clk/row", "TB/s");
+    for (const Variant& v : variants) {
+      CUtensorMap map;
+      const cuuint64_t cols = v.contiguous ? v.box_cols : kCols;
+      const cuuint64_t dims[2] = {cols, cuuint64_t(kRows) * kCols / cols};
+      const cuuint64_t strides[1] = {cols * 2};
+      const cuuint32_t box[2] = {cuuint32_t(v.box_cols), cuuint32_t(v.box_rows)};
+      const cuuint32_t element_strides[2] = {1, 1};
+      const CUtensorMapSwizzle swizzle = v.box_cols == 32 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
+      const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, source, dims, strides, box, element_strides,
+                                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      if (r != CUDA_SUCCESS) {
+        std::printf("encode failed (%d) for %s\n", int(r), v.name);
+        return 1;
       }
-      std::sort(times.begin(), times.end());
-      std::sort(per_stage.begin(), per_stage.end());
-      const double clk = per_stage[per_stage.size() / 2], ms = times[times.size() / 2];
-      const int rows = boxes * v.box_rows;
-      std::printf("%-62s %5d %6d %5d %9.0f %9.1f %9.2f %8.2f\n", v.name, ctas, boxes, rows, clk, kStageBytes / clk,
-                  clk / rows, double(kStageBytes) * iterations * ctas / (ms * 1e-3) / 1e12);
+      const int boxes = kStageBytes / (v.box_cols * v.box_rows * 2);
+      for (int ctas : {sms, sms / 4}) {
+        const int iterations = 2000;
+        std::vector<float> times;
+        std::vector<double> per_stage;
+        for (int rep = 0; rep < 4; ++rep) {
+          CHECK(cudaEventRecord(start));
+          kernel<<<ctas, 32, smem>>>(map, boxes, v.box_cols, v.box_rows, v.contiguous, iterations, clocks);
+          CHECK(cudaEventRecord(stop));
+          CHECK(cudaEventSynchronize(stop));
+          CHECK(cudaGetLastError());
+          float ms = 0;
+          CHECK(cudaEventElapsedTime(&ms, start, stop));
+          std::vector<long long> host(ctas);
+          CHECK(cudaMemcpy(host.data(), clocks, ctas * sizeof(long long), cudaMemcpyDeviceToHost));
+          double sum = 0;
+          for (long long c : host) sum += double(c);
+          if (rep > 0) {  // the first run warms L2
+            times.push_back(ms);
+            per_stage.push_back(sum / ctas / iterations);
+          }
+        }
+        std::sort(times.begin(), times.end());
+        std::sort(per_stage.begin(), per_stage.end());
+        const double clk = per_stage[per_stage.size() / 2], ms = times[times.size() / 2];
+        const int rows = boxes * v.box_rows;
+        std::printf("%-62s %5d %6d %5d %9.0f %9.1f %9.2f %8.2f\n", v.name, ctas, boxes, rows, clk, kStageBytes / clk,
+                    clk / rows, double(kStageBytes) * iterations * ctas / (ms * 1e-3) / 1e12);
+      }
     }
-  }
   }
   return 0;
 }
