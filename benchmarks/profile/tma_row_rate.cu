@@ -193,5 +193,9 @@ int main() {
       }
     }
   }
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  CHECK(cudaFree(clocks));
+  CHECK(cudaFree(source));
   return 0;
 }
