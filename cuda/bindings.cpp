@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -353,6 +354,17 @@ int64_t set_hopper_b32_columns(int64_t columns) {
 
 int b32_columns() { return g_hopper_b32_columns > 0 ? int(g_hopper_b32_columns) : 2; }
 
+// Experiment: two-column block-32 stages load a line's two adjacent W blocks (bit 1) and two adjacent block
+// columns' activation tiles (bit 2) in one TMA box each (sm90b32::PairBoxes). Default from PBSNG_B32_PAIR_BOXES.
+int64_t g_hopper_b32_pair_boxes = [] {
+  const char* v = std::getenv("PBSNG_B32_PAIR_BOXES");
+  return v != nullptr ? int64_t(std::atoi(v)) : int64_t(0);
+}();
+int64_t set_hopper_b32_pair_boxes(int64_t bits) {
+  PBSNG_CHECK_VALUE(bits >= 0 && bits <= 3, "set_hopper_b32_pair_boxes: bits=", bits, " must be 0-3");
+  return std::exchange(g_hopper_b32_pair_boxes, bits);
+}
+
 // The block-32 Hopper dds on W's blocks transposed (kernel_transpose_blocks.cuh): one pass over the blocks into a
 // workspace of the weight's size, then the dsd kernel of dy with W^T, whose K-major W tiles load in 128-byte rows;
 // read from W's blocks, the kernel's W_b^T tiles are MN-major in 64-byte rows. Measured against that kernel (H100,
@@ -574,6 +586,7 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
               int(pat.n_block_rows), int(pat.n_block_cols), block, int(splits), int(sms), int(g_hopper_stages),
               int(tile_rows), few_rows_split};
   p.b32_columns = b32_columns();  // read by the block-32 Hopper kernel only
+  p.b32_pair_boxes = int(g_hopper_b32_pair_boxes);
   if (splits == 1 && hopper) {
     // The few-rows dsd deals its tiles round-robin (its clusters take the same tiles): no counter.
     const at::Tensor counter = few_rows_split > 0 ? at::Tensor() : tile_counter_for(x, stream);
@@ -622,6 +635,7 @@ at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const
                                         pat.n_block_rows * pat.n_block_cols, groups * ((p.m + 127) / 128),
                                         line_steps, p.sms);
   p.b32_columns = b32_columns();  // read by the block-32 Hopper kernel only
+  p.b32_pair_boxes = int(g_hopper_b32_pair_boxes);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
   if (p.few_rows_split > 0) {
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)
@@ -833,6 +847,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the block-32 Hopper sdd's tile: -1 auto (default), 0 row pairs x columns, 1 row pairs x column pairs, 2 row "
         "quads x column pairs; returns the previous mode",
         pybind11::arg("mode"));
+  m.def("set_hopper_b32_pair_boxes", &pbsng::set_hopper_b32_pair_boxes,
+        "experiment: PairBoxes bits of the block-32 Hopper dsd / dds; returns the previous value",
+        pybind11::arg("bits"));
   m.def("set_hopper_b32_columns", &pbsng::set_hopper_b32_columns,
         "block columns per pipeline stage of the block-32 Hopper dsd / dds: -1 auto (default), 1 or 2; returns the "
         "previous value",

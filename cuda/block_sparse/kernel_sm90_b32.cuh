@@ -39,6 +39,18 @@ namespace sm90b32 {
 
 using sm90ws::KernelParams;
 
+// Two-column stages may load two block columns' data with one TMA box each (pair_boxes, an experiment knob): a TMA
+// box costs a fixed ~150 clocks of the SM's TMA unit besides its bytes (benchmarks/profile/tma_row_rate.cu).
+enum PairBoxes : int {
+  kPairW = 1,    // a line's blocks of both columns, adjacent in `data`, in one box of 2 blocks
+  kPairAct = 2,  // the activation tiles of two adjacent block columns in one 3-D box (128 tokens x 2 x 32)
+};
+struct B32Params : KernelParams {
+  CUtensorMap data_pair_map;  // data, box of two adjacent blocks
+  CUtensorMap act_pair_map;   // act as (32, M, K / 32), box 32 x 128 tokens x 2 block columns
+  int pair_boxes;             // PairBoxes bits
+};
+
 // A from registers (RS): a consumer loads its A (64 tokens x 32 of a block column) by ldmatrix once per stage,
 // and the lines' wgmma read only their B from shared memory.
 template <class T, cute::GMMA::Major MajorB> struct GmmaAtom;
@@ -96,7 +108,9 @@ struct Config {
 
   struct alignas(1024) Stage {
     T act[kCols][kTokens * BK];
-    T w[kCols][kLines][32 * BK];  // slot [c][l]: line l's block of the stage's column c (loaded if it has one)
+    // Slot l * kCols + c: line l's block of the stage's column c (loaded if it has one). Line-major, so that a
+    // line's blocks of both columns (adjacent in `data`) can arrive in one TMA box.
+    T w[kLines * kCols][32 * BK];
   };
   struct SharedStorage {
     Stage stages[kStages];
@@ -261,7 +275,7 @@ __device__ __forceinline__ void plan_tiles(const KernelParams& p, typename Cfg::
 // Warp 0: per planned stage, waits for its free slot, arms it, and issues the activation tiles (lane 0) and the W
 // blocks (lane 8 c + l for line l of column c).
 template <class Cfg>
-__device__ __forceinline__ void issue(const KernelParams& p, typename Cfg::SharedStorage& sh) {
+__device__ __forceinline__ void issue(const B32Params& p, typename Cfg::SharedStorage& sh) {
   using Barrier = cutlass::arch::ClusterBarrier;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int S = Cfg::kStages, B = Cfg::Block, NB = Cfg::kPlanBatches;
@@ -286,23 +300,44 @@ __device__ __forceinline__ void issue(const KernelParams& p, typename Cfg::Share
       }
       // Lane 8 c + l loads line l's block of column c.
       const int w_slot = lane < C * L ? load_shared_volatile(&sh.plan_slot[slot][i][lane / L][lane % L]) : 0;
+      // Pairs: lane l < 8 loads line l's blocks of both columns in one box when they are adjacent in `data`
+      // (always for the dsd: no block of the line lies between two consecutive union columns), and lane 8 + l
+      // then loads nothing.
+      bool pair_w = false, pair_act = false;
+      if constexpr (C == 2) {
+        const int next_slot = __shfl_down_sync(0xffffffffu, w_slot, L);
+        const bool lower = (p.pair_boxes & kPairW) && lane < L && ((flags >> lane) & 1) &&
+                           ((flags >> (L + lane)) & 1) && next_slot == w_slot + 1;
+        const bool upper = __shfl_up_sync(0xffffffffu, lower, L);
+        pair_w = lane < L ? lower : upper;
+        pair_act = (p.pair_boxes & kPairAct) && acts == 2 && column[1] == column[0] + 1;
+      }
       const int s = it % S;
       Barrier::wait(&sh.empty[s], ((it / S) & 1) ^ 1);
       if (lane == 0) {
         sh.flags[s] = flags;
         TxBarrier::arrive_and_expect_tx(&sh.full[s], acts * Cfg::kActTileBytes +
                                                          __popc(flags & (Cfg::kLast - 1)) * Cfg::kWTileBytes);
-        CUTE_UNROLL
-        for (int c = 0; c < C; ++c) {
-          if ((flags >> (8 * c)) & 0xff) {
-            sm90ws::tma_load_2d(sh.stages[s].act[c], &p.act_map, &sh.full[s], column[c] * B, token0);
+        if (pair_act) {
+          sm90ws::tma_load_3d(sh.stages[s].act[0], &p.act_pair_map, &sh.full[s], 0, token0, column[0]);
+        } else {
+          CUTE_UNROLL
+          for (int c = 0; c < C; ++c) {
+            if ((flags >> (8 * c)) & 0xff) {
+              sm90ws::tma_load_2d(sh.stages[s].act[c], &p.act_map, &sh.full[s], column[c] * B, token0);
+            }
           }
         }
       }
       __syncwarp();  // the stage is armed before its W loads
       if (lane < C * L && ((flags >> lane) & 1)) {
-        sm90ws::tma_load_2d(sh.stages[s].w[lane / L][lane % L], &p.data_map, &sh.full[s], 0,
-                            w_slot * (Cfg::kWideRows ? B / 2 : B));
+        const int row = w_slot * (Cfg::kWideRows ? B / 2 : B);
+        void* dst = sh.stages[s].w[(lane % L) * C + lane / L];
+        if (lane < L && pair_w) {
+          sm90ws::tma_load_2d(dst, &p.data_pair_map, &sh.full[s], 0, row);
+        } else if (lane < L || !pair_w) {
+          sm90ws::tma_load_2d(dst, &p.data_map, &sh.full[s], 0, row);
+        }
       }
     }
     __syncwarp();
@@ -311,7 +346,7 @@ __device__ __forceinline__ void issue(const KernelParams& p, typename Cfg::Share
 }
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_constant__ KernelParams p) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_constant__ B32Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
   using T = typename Cfg::T;
@@ -408,14 +443,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
         warpgroup_arrive();
         CUTE_UNROLL
         for (int col = 0; col < Cfg::kCols; ++col) {
-          // Line l's B descriptors: line 0's advanced by l blocks (the descriptors count 16-byte units), one add
-          // per line instead of a descriptor built from its address.
-          Tensor sB0 = make_tensor(make_smem_ptr(sh.stages[s].w[col][0]), typename Cfg::SmemLayoutB{});
+          // Line l's B descriptors: slot 0's advanced by l * kCols + col blocks (the descriptors count 16-byte
+          // units), one add per line instead of a descriptor built from its address.
+          Tensor sB0 = make_tensor(make_smem_ptr(sh.stages[s].w[0]), typename Cfg::SmemLayoutB{});
           Tensor tCrB0 = thr_mma.make_fragment_B(thr_mma.partition_B(sB0));
           CUTE_UNROLL
           for (int l = 0; l < L; ++l) {
             if ((flags >> (8 * col + l)) & 1) {
-              Tensor tCrB = make_tensor(tCrB0.data() + l * (Cfg::kWTileBytes / 16), tCrB0.layout());
+              Tensor tCrB = make_tensor(tCrB0.data() + (l * Cfg::kCols + col) * (Cfg::kWTileBytes / 16),
+                                        tCrB0.layout());
               Tensor c = acc_line(l);
               gemm(mma, rA[buf][col], tCrB, c);
             }
@@ -492,7 +528,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
 template <class Cfg>
 cudaError_t launch_config(const void* act, int64_t m, int n_other, const void* data, int64_t nnz,
                           const int32_t* offsets, const int32_t* keys, const int32_t* slots, const int32_t* order,
-                          int* tile_counter, int n_lines, const void* bias, void* out, int sms, cudaStream_t stream) {
+                          int* tile_counter, int n_lines, const void* bias, void* out, int sms, int pair_boxes,
+                          cudaStream_t stream) {
   using T = typename Cfg::T;
   if (m == 0 || n_lines == 0) return cudaSuccess;
   if (n_other > Cfg::kMaxBlockCols) return cudaErrorInvalidValue;  // the binding's rule keeps these on SM80
@@ -500,7 +537,7 @@ cudaError_t launch_config(const void* act, int64_t m, int n_other, const void* d
   const CUtensorMapDataType dtype = std::is_same<T, cute::half_t>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                                          : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   constexpr CUtensorMapSwizzle kSwizzle = CU_TENSOR_MAP_SWIZZLE_64B;  // 64-byte rows (32 16-bit values)
-  KernelParams p;
+  B32Params p;
   cudaError_t err = sm90ws::encode_2d_map(&p.act_map, dtype, act, uint64_t(n_other) * B, uint64_t(m), Cfg::BK,
                                           Cfg::kTokens, 2, kSwizzle);
   if (err != cudaSuccess) return err;
@@ -513,6 +550,21 @@ cudaError_t launch_config(const void* act, int64_t m, int n_other, const void* d
   if (err != cudaSuccess) return err;
   err = sm90ws::encode_2d_map(&p.out_map, dtype, out, uint64_t(n_lines) * B, uint64_t(m), B, 64, 2, kSwizzle);
   if (err != cudaSuccess) return err;
+  p.pair_boxes = Cfg::kCols == 2 ? pair_boxes : 0;
+  if (p.pair_boxes & kPairW) {  // as data_map, two blocks per box
+    err = Cfg::kWideRows ? sm90ws::encode_2d_map(&p.data_pair_map, dtype, data, 2 * B, uint64_t(nnz) * B / 2, 2 * B,
+                                                 B, 2, CU_TENSOR_MAP_SWIZZLE_128B)
+                         : sm90ws::encode_2d_map(&p.data_pair_map, dtype, data, B, uint64_t(nnz) * B, B, 2 * B, 2,
+                                                 kSwizzle);
+    if (err != cudaSuccess) return err;
+  }
+  if (p.pair_boxes & kPairAct) {  // (32 values, M tokens, K / 32 block columns): two columns' tiles one after the other
+    const uint64_t dims[3] = {uint64_t(B), uint64_t(m), uint64_t(n_other)};
+    const uint64_t strides[2] = {uint64_t(n_other) * B * sizeof(T), uint64_t(B) * sizeof(T)};
+    const uint32_t box[3] = {uint32_t(B), uint32_t(Cfg::kTokens), 2};
+    err = sm90ws::encode_3d_map(&p.act_pair_map, dtype, act, dims, strides, box, kSwizzle);
+    if (err != cudaSuccess) return err;
+  }
   const int64_t groups = (int64_t(n_lines) + Cfg::kLines - 1) / Cfg::kLines;
   const int64_t token_tiles = (m + Cfg::kTokens - 1) / Cfg::kTokens;
   const int64_t tiles = groups * token_tiles;
@@ -544,14 +596,14 @@ cudaError_t launch_config(const void* act, int64_t m, int n_other, const void* d
 template <class T, bool TransposeW>
 cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, int64_t nnz, const int32_t* offsets,
                    const int32_t* keys, const int32_t* slots, const int32_t* order, int* tile_counter, int n_lines,
-                   const void* bias, void* out, int sms, int columns, cudaStream_t stream) {
+                   const void* bias, void* out, int sms, int columns, int pair_boxes, cudaStream_t stream) {
   if (columns == 2) {
     return launch_config<Config<T, TransposeW, 2>>(act, m, n_other, data, nnz, offsets, keys, slots, order,
-                                                   tile_counter, n_lines, bias, out, sms, stream);
+                                                   tile_counter, n_lines, bias, out, sms, pair_boxes, stream);
   }
   if (columns != 1) return cudaErrorInvalidValue;
   return launch_config<Config<T, TransposeW, 1>>(act, m, n_other, data, nnz, offsets, keys, slots, order,
-                                                 tile_counter, n_lines, bias, out, sms, stream);
+                                                 tile_counter, n_lines, bias, out, sms, 0, stream);
 }
 
 }  // namespace sm90b32
