@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -354,14 +353,16 @@ int64_t set_hopper_b32_columns(int64_t columns) {
 
 int b32_columns() { return g_hopper_b32_columns > 0 ? int(g_hopper_b32_columns) : 2; }
 
-// Experiment: two-column block-32 stages load a line's two adjacent W blocks (bit 1) and two adjacent block
-// columns' activation tiles (bit 2) in one TMA box each (sm90b32::PairBoxes). Default from PBSNG_B32_PAIR_BOXES.
-int64_t g_hopper_b32_pair_boxes = [] {
-  const char* v = std::getenv("PBSNG_B32_PAIR_BOXES");
-  return v != nullptr ? int64_t(std::atoi(v)) : int64_t(0);
-}();
+// Two-column block-32 stages load a line's two adjacent W blocks (bit 1, sm90b32::kPairW) and two adjacent block
+// columns' activation tiles (bit 2, kPairAct) in one TMA box each: a box costs the SM's TMA unit a fixed ~150 clocks
+// besides its bytes (benchmarks/profile/tma_row_rate.cu). Measured both against neither (H100, bf16, in-process A/B,
+// benchmarks/results/b32_kernel_session33_*.txt): dsd / dds 0.97 / 0.97, 0.94 / 0.95, 0.93 / 0.94, 0.90 / 0.85x the
+// time at density 0.1 / 0.25 / 0.5 / 1.0 on 8192 x 4096 -> 4096, 0.96-0.98 / 0.94-0.96 / 0.87-0.92x at 0.25 / 0.5 /
+// 1.0 on 16384 x 1024 -> 4096. Default: both (3); 0-3 picks them.
+int64_t g_hopper_b32_pair_boxes = 3;
 int64_t set_hopper_b32_pair_boxes(int64_t bits) {
-  PBSNG_CHECK_VALUE(bits >= 0 && bits <= 3, "set_hopper_b32_pair_boxes: bits=", bits, " must be 0-3");
+  PBSNG_CHECK_VALUE(bits >= 0 && bits <= 3, "set_hopper_b32_pair_boxes: bits=", bits,
+                    " must be 0-3 (1: a line's two W blocks in one box, 2: two columns' activation tiles, 3: both)");
   return std::exchange(g_hopper_b32_pair_boxes, bits);
 }
 
@@ -848,7 +849,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "quads x column pairs; returns the previous mode",
         pybind11::arg("mode"));
   m.def("set_hopper_b32_pair_boxes", &pbsng::set_hopper_b32_pair_boxes,
-        "experiment: PairBoxes bits of the block-32 Hopper dsd / dds; returns the previous value",
+        "TMA boxes of two blocks in the block-32 Hopper dsd / dds: 1 a line's two W blocks, 2 two columns' "
+        "activation tiles, 3 both (default), 0 neither; returns the previous value",
         pybind11::arg("bits"));
   m.def("set_hopper_b32_columns", &pbsng::set_hopper_b32_columns,
         "block columns per pipeline stage of the block-32 Hopper dsd / dds: -1 auto (default), 1 or 2; returns the "

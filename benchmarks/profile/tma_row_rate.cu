@@ -1,11 +1,15 @@
 // Diagnostic (standalone, not part of the extension): how fast one SM receives TMA loads from L2, by box shape.
-// Each CTA (one per SM, or fewer) runs a single thread that keeps S stages of 32 KB in flight: it waits for the
-// oldest stage's bytes and at once loads it again, so nothing but the loads bounds the loop. Every stage is 32 KB,
-// split into boxes of 64-byte rows (32 bf16, the block-32 kernels' activation and W boxes) or 128-byte rows (the
-// 256-token kernels' boxes and the block-32 dsd's W blocks). If the rows bound a stage, the 64-byte-row variants take
-// twice the 128-byte-row ones; if the bytes do, all take the same; if the TMA instructions do, the 2 KB boxes lag.
-// Session 32 asked which (doc/kernels.md, "After session 32", item (2)); written and compiled then, not run yet (the
-// session's device time was spent).
+// Each CTA (one per SM, or fewer) runs a single thread that keeps S (4 or 6) stages of 32 KB in flight: it waits for
+// the oldest stage's bytes and at once loads it again, so nothing but the loads bounds the loop. Every stage is 32
+// KB, split into boxes of 64-byte rows (32 bf16, the block-32 kernels' activation and W boxes) or 128-byte rows (the
+// 256-token kernels' boxes and the block-32 dsd's W blocks), either strided (rows of a 2048 x 4096 matrix, as an
+// activation tile) or contiguous (rows back to back, as a W block in `data`). If the rows bound a stage, the
+// 64-byte-row variants take twice the 128-byte-row ones; if the bytes do, all take the same; if the TMA
+// instructions do, the small boxes lag.
+// Session 33 (benchmarks/results/tma_row_rate_*.txt, doc/kernels.md "Blocks of 32 on Hopper"): the boxes do. Small
+// boxes take the same time at 33 CTAs as at 132, whatever their rows: a contiguous 2 KB box ~160 SM clocks, a 4 KB
+// one ~170 (16 boxes of 2 KB 1.9x the time of 8 of 4 KB), a strided 2 KB box 190-320 (by machine); 6 stages in
+// flight change nothing.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/profile/tma_row_rate.cu \
 //        -o /tmp/tma_row_rate && /tmp/tma_row_rate
@@ -52,10 +56,14 @@ __device__ __forceinline__ void load_stage(const CUtensorMap* map, uint32_t barr
                                            int box_cols, int box_rows, int cta, int iteration) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier), "r"(kStageBytes) : "memory");
   const int box_bytes = kStageBytes / boxes;
-  const int col_tiles = kCols / box_cols, row_tiles = kRows / box_rows;
+  // A contiguous map (the W blocks of `data`) is one column of box_cols wide: every box is one run of bytes.
+  const int contiguous = box_cols < 0;
+  box_cols = contiguous ? -box_cols : box_cols;
+  const int col_tiles = contiguous ? 1 : kCols / box_cols;
+  const int row_tiles = (contiguous ? kRows * (kCols / box_cols) : kRows) / box_rows;
   for (int b = 0; b < boxes; ++b) {
-    const int col = ((cta * 7 + iteration * boxes + b) % col_tiles) * box_cols;
-    const int row = ((cta * 13 + iteration * 3 + b) % row_tiles) * box_rows;
+    const int col = col_tiles == 1 ? 0 : ((cta * 7 + iteration * boxes + b) % col_tiles) * box_cols;
+    const int row = ((cta * 13 + iteration * 3 + b * (contiguous ? 17 : 1)) % row_tiles) * box_rows;
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
             destination + b * box_bytes),
@@ -107,9 +115,8 @@ int main() {
   CHECK(cudaMemset(source, 0x3c, size_t(kRows) * kCols * 2));
   long long* clocks;
   CHECK(cudaMalloc(&clocks, 1024 * sizeof(long long)));
-  constexpr int S = 4;
-  const int smem = S * kStageBytes + 1024;
-  CHECK(cudaFuncSetAttribute(stream_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CHECK(cudaFuncSetAttribute(stream_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 4 * kStageBytes + 1024));
+  CHECK(cudaFuncSetAttribute(stream_kernel<6>, cudaFuncAttributeMaxDynamicSharedMemorySize, 6 * kStageBytes + 1024));
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
@@ -117,6 +124,7 @@ int main() {
   struct Variant {
     const char* name;
     int box_cols, box_rows;
+    bool contiguous;  // rows of box_cols elements back to back, as a W block's rows in `data`
   };
   const Variant variants[] = {
       {"64-byte rows, 128-row boxes (8 KB: block-32 activations)", 32, 128},
@@ -125,15 +133,24 @@ int main() {
       {"128-byte rows, 64-row boxes (8 KB)", 64, 64},
       {"128-byte rows, 128-row boxes (16 KB: 256-token activations)", 64, 128},
       {"128-byte rows, 16-row boxes (2 KB: block-32 W, dsd)", 64, 16},
+      {"contiguous 64-byte rows, 32-row boxes (2 KB: a W block, dds)", 32, 32, true},
+      {"contiguous 64-byte rows, 64-row boxes (4 KB: two W blocks)", 32, 64, true},
+      {"contiguous 128-byte rows, 16-row boxes (2 KB: a W block, dsd)", 64, 16, true},
+      {"contiguous 128-byte rows, 32-row boxes (4 KB: two W blocks)", 64, 32, true},
+      {"contiguous 128-byte rows, 64-row boxes (8 KB)", 64, 64, true},
   };
+  for (const int S : {4, 6}) {  // stages in flight per CTA: does more in flight raise the rate (latency-bound)?
+  const int smem = S * kStageBytes + 1024;
+  const auto kernel = S == 4 ? stream_kernel<4> : stream_kernel<6>;
   std::printf("%s, %d SMs, stages of 32 KB, %d in flight per CTA, source %d x %d bf16 (L2-resident)\n", prop.name, sms,
               S, kRows, kCols);
   std::printf("%-62s %5s %6s %5s %9s %9s %9s %8s\n", "box", "CTAs", "boxes", "rows", "clk/stage", "B/clk/SM", "clk/row",
               "TB/s");
   for (const Variant& v : variants) {
     CUtensorMap map;
-    const cuuint64_t dims[2] = {cuuint64_t(kCols), cuuint64_t(kRows)};
-    const cuuint64_t strides[1] = {cuuint64_t(kCols) * 2};
+    const cuuint64_t cols = v.contiguous ? v.box_cols : kCols;
+    const cuuint64_t dims[2] = {cols, cuuint64_t(kRows) * kCols / cols};
+    const cuuint64_t strides[1] = {cols * 2};
     const cuuint32_t box[2] = {cuuint32_t(v.box_cols), cuuint32_t(v.box_rows)};
     const cuuint32_t element_strides[2] = {1, 1};
     const CUtensorMapSwizzle swizzle = v.box_cols == 32 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
@@ -151,7 +168,8 @@ int main() {
       std::vector<double> per_stage;
       for (int rep = 0; rep < 4; ++rep) {
         CHECK(cudaEventRecord(start));
-        stream_kernel<S><<<ctas, 32, smem>>>(map, boxes, v.box_cols, v.box_rows, iterations, clocks);
+        kernel<<<ctas, 32, smem>>>(map, boxes, v.contiguous ? -v.box_cols : v.box_cols, v.box_rows, iterations,
+                                   clocks);
         CHECK(cudaEventRecord(stop));
         CHECK(cudaEventSynchronize(stop));
         CHECK(cudaGetLastError());
@@ -173,6 +191,7 @@ int main() {
       std::printf("%-62s %5d %6d %5d %9.0f %9.1f %9.2f %8.2f\n", v.name, ctas, boxes, rows, clk, kStageBytes / clk,
                   clk / rows, double(kStageBytes) * iterations * ctas / (ms * 1e-3) / 1e12);
     }
+  }
   }
   return 0;
 }

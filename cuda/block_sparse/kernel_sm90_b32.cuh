@@ -18,7 +18,8 @@
 //   warp 1 plans a tile at once (plan_tiles): its lines' block columns as bitmaps in shared memory, then one pass
 //          over the union's 32-column words writes each stage's column, lines and W slots into a ring;
 //   warp 0 issues (issue): per stage it waits for the free slot, lane 0 arms it and loads the activation tile(s),
-//          lane 8 c + l loads line l's W block of the stage's column c if the line has it.
+//          lane 8 c + l loads line l's W block of the stage's column c if the line has it (lane l both blocks,
+//          in one box, if the line has both).
 // Epilogue: each consumer rounds its 64 tokens x 8 lines (+ bias), writes them by stmatrix into its own output
 // tiles (64-byte swizzle; with two columns per stage 2 lines per round) and stores each line's 64 x 32 tile by TMA,
 // which clips rows past M.
@@ -27,6 +28,11 @@
 // held two of them (wait<1>); since a two-column stage is released as soon as its own wgmma are done, and the
 // output tiles take 2 lines per round so that a fourth stage fits (session 29), two columns are faster than one at
 // every density, and the binding takes them (b32_columns in bindings.cpp).
+// Two blocks per TMA box (session 33): a box costs the SM's TMA unit a fixed ~150 clocks besides its bytes (a
+// contiguous 4 KB box ~1.07x a 2 KB one; benchmarks/profile/tma_row_rate.cu), and a two-column stage issued up to 2
+// activation and 16 W boxes of 8 / 2 KB. Now a line that has both columns (its two blocks are then adjacent in
+// `data`) gets one box of two blocks (W slots line-major), and two adjacent columns' activation tiles one 3-D box:
+// 3-15 % less time from density 0.1 to 1.0 (PairBoxes, set_hopper_b32_pair_boxes in bindings.cpp).
 //
 // Constraints: sm_90a only (other archs compile a trap); fp16 / bf16; blocks of 32; activation row stride a
 // multiple of 16 bytes and 16-byte aligned pointers (bindings.cpp checks).
@@ -39,8 +45,7 @@ namespace sm90b32 {
 
 using sm90ws::KernelParams;
 
-// Two-column stages may load two block columns' data with one TMA box each (pair_boxes, an experiment knob): a TMA
-// box costs a fixed ~150 clocks of the SM's TMA unit besides its bytes (benchmarks/profile/tma_row_rate.cu).
+// What two-column stages load in one TMA box each where they can (B32Params::pair_boxes; see the top).
 enum PairBoxes : int {
   kPairW = 1,    // a line's blocks of both columns, adjacent in `data`, in one box of 2 blocks
   kPairAct = 2,  // the activation tiles of two adjacent block columns in one 3-D box (128 tokens x 2 x 32)
@@ -48,7 +53,7 @@ enum PairBoxes : int {
 struct B32Params : KernelParams {
   CUtensorMap data_pair_map;  // data, box of two adjacent blocks
   CUtensorMap act_pair_map;   // act as (32, M, K / 32), box 32 x 128 tokens x 2 block columns
-  int pair_boxes;             // PairBoxes bits
+  int pair_boxes;             // PairBoxes bits (0 with one column per stage)
 };
 
 // A from registers (RS): a consumer loads its A (64 tokens x 32 of a block column) by ldmatrix once per stage,
@@ -558,7 +563,7 @@ cudaError_t launch_config(const void* act, int64_t m, int n_other, const void* d
                                                  kSwizzle);
     if (err != cudaSuccess) return err;
   }
-  if (p.pair_boxes & kPairAct) {  // (32 values, M tokens, K / 32 block columns): two columns' tiles one after the other
+  if (p.pair_boxes & kPairAct) {  // act as (32 values, M tokens, K / 32 block columns): two columns' tiles in a row
     const uint64_t dims[3] = {uint64_t(B), uint64_t(m), uint64_t(n_other)};
     const uint64_t strides[2] = {uint64_t(n_other) * B * sizeof(T), uint64_t(B) * sizeof(T)};
     const uint32_t box[3] = {uint32_t(B), uint32_t(Cfg::kTokens), 2};
