@@ -310,11 +310,16 @@ __device__ __forceinline__ void issue(const B32Params& p, typename Cfg::SharedSt
       // then loads nothing.
       bool pair_w = false, pair_act = false;
       if constexpr (C == 2) {
-        const int next_slot = __shfl_down_sync(0xffffffffu, w_slot, L);
-        const bool lower = (p.pair_boxes & kPairW) && lane < L && ((flags >> lane) & 1) &&
-                           ((flags >> (L + lane)) & 1) && next_slot == w_slot + 1;
-        const bool upper = __shfl_up_sync(0xffffffffu, lower, L);
-        pair_w = lane < L ? lower : upper;
+        // The lines with both blocks, from the flags alone: no shuffle on the issuer's path (its every instruction
+        // delays the loads). W^T's blocks (the dds read from W) are adjacent only where their slots are.
+        const int both = flags & (flags >> L) & 0xff;
+        pair_w = (p.pair_boxes & kPairW) && lane < C * L && ((both >> (lane % L)) & 1);
+        if constexpr (Cfg::TransposeW) {
+          const int next_slot = __shfl_down_sync(0xffffffffu, w_slot, L);
+          const bool lower = pair_w && lane < L && next_slot == w_slot + 1;
+          const bool upper = __shfl_up_sync(0xffffffffu, lower, L);
+          pair_w = lane < L ? lower : upper;
+        }
         pair_act = (p.pair_boxes & kPairAct) && acts == 2 && column[1] == column[0] + 1;
       }
       const int s = it % S;
