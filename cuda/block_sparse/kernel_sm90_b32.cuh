@@ -453,15 +453,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
         warpgroup_arrive();
         CUTE_UNROLL
         for (int col = 0; col < Cfg::kCols; ++col) {
-          // Line l's B descriptors: slot 0's advanced by l * kCols + col blocks (the descriptors count 16-byte
-          // units), one add per line instead of a descriptor built from its address.
-          Tensor sB0 = make_tensor(make_smem_ptr(sh.stages[s].w[0]), typename Cfg::SmemLayoutB{});
+          // Line l's B descriptors: line 0's of this column advanced by l lines of kCols blocks (the descriptors
+          // count 16-byte units), one add per line instead of a descriptor built from its address.
+          Tensor sB0 = make_tensor(make_smem_ptr(sh.stages[s].w[col]), typename Cfg::SmemLayoutB{});
           Tensor tCrB0 = thr_mma.make_fragment_B(thr_mma.partition_B(sB0));
           CUTE_UNROLL
           for (int l = 0; l < L; ++l) {
             if ((flags >> (8 * col + l)) & 1) {
-              Tensor tCrB = make_tensor(tCrB0.data() + (l * Cfg::kCols + col) * (Cfg::kWTileBytes / 16),
-                                        tCrB0.layout());
+              Tensor tCrB = make_tensor(tCrB0.data() + l * (Cfg::kCols * Cfg::kWTileBytes / 16), tCrB0.layout());
               Tensor c = acc_line(l);
               gemm(mma, rA[buf][col], tCrB, c);
             }
