@@ -108,12 +108,18 @@ struct Config {
   using TiledStoreOut = decltype(cute::make_tiled_copy_C(cute::Copy_Atom<cute::SM90_U32x4_STSM_N, T>{},
                                                          TiledMma{}));
 
+  // W slots line-major (slot l * kCols + c), which pair boxes of W need; false (an experiment switch): column-major
+  // (slot c * kLines + l, as before session 33), without W pairs.
+  static constexpr bool kLineMajorW = true;
+  static constexpr int slot_of(int line, int column) {
+    return kLineMajorW ? line * kCols + column : column * kLines + line;
+  }
   static constexpr int kActTileBytes = kTokens * BK * int(sizeof(T));  // 8 KB
   static constexpr int kWTileBytes = 32 * BK * int(sizeof(T));         // 2 KB
 
   struct alignas(1024) Stage {
     T act[kCols][kTokens * BK];
-    // Slot l * kCols + c: line l's block of the stage's column c (loaded if it has one). Line-major, so that a
+    // Slot slot_of(l, c): line l's block of the stage's column c (loaded if it has one). Line-major, so that a
     // line's blocks of both columns (adjacent in `data`) can arrive in one TMA box.
     T w[kLines * kCols][32 * BK];
   };
@@ -293,7 +299,7 @@ __device__ __forceinline__ void issue(const B32Params& p, typename Cfg::SharedSt
     if (count < 0) break;
     const int token0 = load_shared_volatile(&sh.plan_token0[slot]);
     constexpr int C = Cfg::kCols, L = Cfg::kLines;
-    for (int i = 0; i < count; ++i, ++it) {
+    _Pragma("unroll 2") for (int i = 0; i < count; ++i, ++it) {
       int column[C], flags = 0, acts = 0;
       CUTE_UNROLL
       for (int c = 0; c < C; ++c) {
@@ -342,7 +348,7 @@ __device__ __forceinline__ void issue(const B32Params& p, typename Cfg::SharedSt
       __syncwarp();  // the stage is armed before its W loads
       if (lane < C * L && ((flags >> lane) & 1)) {
         const int row = w_slot * (Cfg::kWideRows ? B / 2 : B);
-        void* dst = sh.stages[s].w[(lane % L) * C + lane / L];
+        void* dst = sh.stages[s].w[Cfg::slot_of(lane % L, lane / L)];
         if (lane < L && pair_w) {
           sm90ws::tma_load_2d(dst, &p.data_pair_map, &sh.full[s], 0, row);
         } else if (lane < L || !pair_w) {
@@ -455,12 +461,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
         for (int col = 0; col < Cfg::kCols; ++col) {
           // Line l's B descriptors: line 0's of this column advanced by l lines of kCols blocks (the descriptors
           // count 16-byte units), one add per line instead of a descriptor built from its address.
-          Tensor sB0 = make_tensor(make_smem_ptr(sh.stages[s].w[col]), typename Cfg::SmemLayoutB{});
+          Tensor sB0 = make_tensor(make_smem_ptr(sh.stages[s].w[Cfg::slot_of(0, col)]), typename Cfg::SmemLayoutB{});
           Tensor tCrB0 = thr_mma.make_fragment_B(thr_mma.partition_B(sB0));
           CUTE_UNROLL
           for (int l = 0; l < L; ++l) {
             if ((flags >> (8 * col + l)) & 1) {
-              Tensor tCrB = make_tensor(tCrB0.data() + l * (Cfg::kCols * Cfg::kWTileBytes / 16), tCrB0.layout());
+              constexpr int kLineBlocks = Cfg::slot_of(1, 0) - Cfg::slot_of(0, 0);
+              Tensor tCrB = make_tensor(tCrB0.data() + l * (kLineBlocks * Cfg::kWTileBytes / 16), tCrB0.layout());
               Tensor c = acc_line(l);
               gemm(mma, rA[buf][col], tCrB, c);
             }
@@ -559,7 +566,7 @@ cudaError_t launch_config(const void* act, int64_t m, int n_other, const void* d
   if (err != cudaSuccess) return err;
   err = sm90ws::encode_2d_map(&p.out_map, dtype, out, uint64_t(n_lines) * B, uint64_t(m), B, 64, 2, kSwizzle);
   if (err != cudaSuccess) return err;
-  p.pair_boxes = Cfg::kCols == 2 ? pair_boxes : 0;
+  p.pair_boxes = Cfg::kCols == 2 ? (Cfg::kLineMajorW ? pair_boxes : pair_boxes & kPairAct) : 0;
   if (p.pair_boxes & kPairW) {  // as data_map, two blocks per box
     err = Cfg::kWideRows ? sm90ws::encode_2d_map(&p.data_pair_map, dtype, data, 2 * B, uint64_t(nnz) * B / 2, 2 * B,
                                                  B, 2, CU_TENSOR_MAP_SWIZZLE_128B)
