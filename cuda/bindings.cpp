@@ -353,13 +353,14 @@ int64_t set_hopper_b32_columns(int64_t columns) {
 
 int b32_columns() { return g_hopper_b32_columns > 0 ? int(g_hopper_b32_columns) : 2; }
 
-// Two-column block-32 stages load a line's two adjacent W blocks (bit 1, sm90b32::kPairW) and two adjacent block
-// columns' activation tiles (bit 2, kPairAct) in one TMA box each: a box costs the SM's TMA unit a fixed ~150 clocks
-// besides its bytes (benchmarks/profile/tma_row_rate.cu). Measured both against neither (H100, bf16, in-process A/B,
-// benchmarks/results/b32_kernel_session33_*.txt): dsd / dds 0.97 / 0.97, 0.94 / 0.95, 0.93 / 0.94, 0.90 / 0.85x the
-// time at density 0.1 / 0.25 / 0.5 / 1.0 on 8192 x 4096 -> 4096, 0.96-0.98 / 0.94-0.96 / 0.87-0.92x at 0.25 / 0.5 /
-// 1.0 on 16384 x 1024 -> 4096. Default: both (3); 0-3 picks them.
-int64_t g_hopper_b32_pair_boxes = 3;
+// Experiment (branch exp/b32-pair-boxes): two-column block-32 stages load a line's two adjacent W blocks (bit 1,
+// sm90b32::kPairW) and two adjacent block columns' activation tiles (bit 2, kPairAct) in one TMA box each: a box
+// costs the SM's TMA unit a fixed ~160 clocks besides its bytes (benchmarks/profile/tma_row_rate.cu). 0 (default):
+// neither, the kernel before; 2: activation pairs (W slots column-major); 1 / 3: W pairs / both (line-major W slots).
+// Session 33 (benchmarks/results/b32_kernel_session33_*.txt): within one build 0-6 % less time at density 0.1-0.5,
+// 4-15 % at 1.0, but that build without pairs was 0-8 % slower than main's; each setting is an instantiation of its
+// own since, not measured yet.
+int64_t g_hopper_b32_pair_boxes = 0;
 int64_t set_hopper_b32_pair_boxes(int64_t bits) {
   PBSNG_CHECK_VALUE(bits >= 0 && bits <= 3, "set_hopper_b32_pair_boxes: bits=", bits,
                     " must be 0-3 (1: a line's two W blocks in one box, 2: two columns' activation tiles, 3: both)");
@@ -849,8 +850,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "quads x column pairs; returns the previous mode",
         pybind11::arg("mode"));
   m.def("set_hopper_b32_pair_boxes", &pbsng::set_hopper_b32_pair_boxes,
-        "TMA boxes of two blocks in the block-32 Hopper dsd / dds: 1 a line's two W blocks, 2 two columns' "
-        "activation tiles, 3 both (default), 0 neither; returns the previous value",
+        "TMA boxes of two blocks in the block-32 Hopper dsd / dds (experiment): 1 a line's two W blocks, 2 two "
+        "columns' activation tiles, 3 both, 0 neither (default); returns the previous value",
         pybind11::arg("bits"));
   m.def("set_hopper_b32_columns", &pbsng::set_hopper_b32_columns,
         "block columns per pipeline stage of the block-32 Hopper dsd / dds: -1 auto (default), 1 or 2; returns the "

@@ -115,9 +115,9 @@ def set_hopper_blocks_of_32(mode: int) -> int:
 
 
 def set_hopper_b32_pair_boxes(bits: int) -> int:
-    """TMA boxes of two blocks in the block-32 Hopper dsd / dds (two-column stages): bit 1 loads a line's two
-    adjacent W blocks in one box, bit 2 two adjacent block columns' activation tiles; 3 (default) both, 0 neither
-    (bindings.cpp: 3-15 % less time from density 0.1 to 1.0). Returns the previous value."""
+    """Experiment: TMA boxes of two blocks in the block-32 Hopper dsd / dds (two-column stages): bit 1 loads a
+    line's two adjacent W blocks in one box, bit 2 two adjacent block columns' activation tiles; 3 both, 0 (default)
+    neither (bindings.cpp). Returns the previous value."""
     return int(_C.set_hopper_b32_pair_boxes(int(bits)))
 
 

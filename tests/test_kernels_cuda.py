@@ -377,11 +377,12 @@ B32_CASES += [Case(300, i, o, 1.0, 32, torch.bfloat16) for (i, o) in ((32, 416),
 @pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
                     reason="the Hopper kernels run on sm_90 GPUs only")
 # (block columns per stage, the dds on a transposed copy of W's blocks, pair boxes): every kernel variant the knobs
-# reach. Two-column stages load two blocks per TMA box where they can (pair boxes 3, the default) or one (0).
-@pytest.mark.parametrize("columns, dds_copy, pair_boxes", ((1, 1, 3), (2, 1, 3), (2, 1, 0), (1, 0, 3), (2, 0, 3),
-                                                           (2, 0, 0)),
-                         ids=("cols1", "cols2", "cols2-single_boxes", "cols1-mn_dds", "cols2-mn_dds",
-                              "cols2-single_boxes-mn_dds"))
+# reach. Two-column stages load one block per TMA box (pair boxes 0, the default), or two where they can (3: both
+# kinds of pairs, line-major W slots; 2: activation pairs only, column-major W slots).
+@pytest.mark.parametrize("columns, dds_copy, pair_boxes", ((1, 1, 0), (2, 1, 0), (2, 1, 3), (2, 1, 2), (1, 0, 0),
+                                                           (2, 0, 0), (2, 0, 3), (2, 0, 2)),
+                         ids=("cols1", "cols2", "cols2-pairs", "cols2-act_pairs", "cols1-mn_dds", "cols2-mn_dds",
+                              "cols2-pairs-mn_dds", "cols2-act_pairs-mn_dds"))
 @pytest.mark.parametrize("case", B32_CASES, ids=case_id)
 def test_hopper_blocks_of_32(case, columns, dds_copy, pair_boxes):
     from pytorch_block_sparse_ng import _C, _ops
@@ -1253,8 +1254,8 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
         _ops.set_hopper_b32_columns(3)
     assert _ops.set_hopper_b32_dds_copy(0) == -1
     assert _ops.set_hopper_b32_dds_copy(-1) == 0
-    assert _ops.set_hopper_b32_pair_boxes(0) == 3
     assert _ops.set_hopper_b32_pair_boxes(3) == 0
+    assert _ops.set_hopper_b32_pair_boxes(0) == 3
     with pytest.raises(ValueError, match=r"bits=4 must be 0-3 \(1: a line's two W blocks in one box"):
         _ops.set_hopper_b32_pair_boxes(4)
     with pytest.raises(ValueError, match=r"mode=2 must be -1 \(auto\), 0 \(off\) or 1 \(always\)"):

@@ -31,8 +31,10 @@
 // Two blocks per TMA box (session 33): a box costs the SM's TMA unit a fixed ~150 clocks besides its bytes (a
 // contiguous 4 KB box ~1.07x a 2 KB one; benchmarks/profile/tma_row_rate.cu), and a two-column stage issued up to 2
 // activation and 16 W boxes of 8 / 2 KB. Now a line that has both columns (its two blocks are then adjacent in
-// `data`) gets one box of two blocks (W slots line-major), and two adjacent columns' activation tiles one 3-D box:
-// 3-15 % less time from density 0.1 to 1.0 (PairBoxes, set_hopper_b32_pair_boxes in bindings.cpp).
+// `data`) gets one box of two blocks (W slots line-major), and two adjacent columns' activation tiles one 3-D box
+// (PairBoxes, set_hopper_b32_pair_boxes in bindings.cpp). Session 33 measured 0-6 % less time at density 0.1-0.5 and
+// 4-15 % at 1.0 within one build, but that build without pairs was 0-8 % slower than the kernel before; so the pairs
+// are instantiations of their own now (Config::kPairBits), and the kernel without them is the one before.
 //
 // Constraints: sm_90a only (other archs compile a trap); fp16 / bf16; blocks of 32; activation row stride a
 // multiple of 16 bytes and 16-byte aligned pointers (bindings.cpp checks).
@@ -66,7 +68,7 @@ template <cute::GMMA::Major MajorB> struct GmmaAtom<cute::bfloat16_t, MajorB> {
   using type = cute::SM90_64x32x16_F32BF16BF16_RS<cute::GMMA::Major::K, MajorB>;
 };
 
-template <class T_, bool TransposeW_, int Cols_ = 1>
+template <class T_, bool TransposeW_, int Cols_ = 1, int Pairs_ = 0>
 struct Config {
   using T = T_;
   static constexpr int Block = 32;
@@ -108,9 +110,16 @@ struct Config {
   using TiledStoreOut = decltype(cute::make_tiled_copy_C(cute::Copy_Atom<cute::SM90_U32x4_STSM_N, T>{},
                                                          TiledMma{}));
 
-  // W slots line-major (slot l * kCols + c), which pair boxes of W need; false (an experiment switch): column-major
-  // (slot c * kLines + l, as before session 33), without W pairs.
-  static constexpr bool kLineMajorW = true;
+  // Pair boxes (PairBoxes bits the instantiation can issue; the kernel parameter picks among them): instantiations
+  // of their own, so that the kernel without them is the one before session 33.
+  static constexpr bool kPairs = Pairs_ != 0;
+  static constexpr int kPairBits = Pairs_;
+  static constexpr bool kPairsW = (Pairs_ & kPairW) != 0;
+  static_assert(!kPairs || Cols_ == 2, "pair boxes need two columns per stage");
+  using Params = cute::conditional_t<kPairs, B32Params, KernelParams>;
+  // W slots line-major (slot l * kCols + c) where W pairs may come (a W pair box needs a line's slots adjacent), else
+  // column-major (slot c * kLines + l).
+  static constexpr bool kLineMajorW = kPairsW;
   static constexpr int slot_of(int line, int column) {
     return kLineMajorW ? line * kCols + column : column * kLines + line;
   }
@@ -286,7 +295,7 @@ __device__ __forceinline__ void plan_tiles(const KernelParams& p, typename Cfg::
 // Warp 0: per planned stage, waits for its free slot, arms it, and issues the activation tiles (lane 0) and the W
 // blocks (lane 8 c + l for line l of column c).
 template <class Cfg>
-__device__ __forceinline__ void issue(const B32Params& p, typename Cfg::SharedStorage& sh) {
+__device__ __forceinline__ void issue(const typename Cfg::Params& p, typename Cfg::SharedStorage& sh) {
   using Barrier = cutlass::arch::ClusterBarrier;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int S = Cfg::kStages, B = Cfg::Block, NB = Cfg::kPlanBatches;
@@ -299,7 +308,7 @@ __device__ __forceinline__ void issue(const B32Params& p, typename Cfg::SharedSt
     if (count < 0) break;
     const int token0 = load_shared_volatile(&sh.plan_token0[slot]);
     constexpr int C = Cfg::kCols, L = Cfg::kLines;
-    _Pragma("unroll 2") for (int i = 0; i < count; ++i, ++it) {
+    for (int i = 0; i < count; ++i, ++it) {
       int column[C], flags = 0, acts = 0;
       CUTE_UNROLL
       for (int c = 0; c < C; ++c) {
@@ -315,12 +324,12 @@ __device__ __forceinline__ void issue(const B32Params& p, typename Cfg::SharedSt
       // (always for the dsd: no block of the line lies between two consecutive union columns), and lane 8 + l
       // then loads nothing.
       bool pair_w = false, pair_act = false;
-      if constexpr (C == 2) {
+      if constexpr (Cfg::kPairs) {
         // The lines with both blocks, from the flags alone: no shuffle on the issuer's path (its every instruction
         // delays the loads). W^T's blocks (the dds read from W) are adjacent only where their slots are.
         const int both = flags & (flags >> L) & 0xff;
-        pair_w = (p.pair_boxes & kPairW) && lane < C * L && ((both >> (lane % L)) & 1);
-        if constexpr (Cfg::TransposeW) {
+        pair_w = Cfg::kPairsW && (p.pair_boxes & kPairW) && lane < C * L && ((both >> (lane % L)) & 1);
+        if constexpr (Cfg::kPairsW && Cfg::TransposeW) {
           const int next_slot = __shfl_down_sync(0xffffffffu, w_slot, L);
           const bool lower = pair_w && lane < L && next_slot == w_slot + 1;
           const bool upper = __shfl_up_sync(0xffffffffu, lower, L);
@@ -334,9 +343,12 @@ __device__ __forceinline__ void issue(const B32Params& p, typename Cfg::SharedSt
         sh.flags[s] = flags;
         TxBarrier::arrive_and_expect_tx(&sh.full[s], acts * Cfg::kActTileBytes +
                                                          __popc(flags & (Cfg::kLast - 1)) * Cfg::kWTileBytes);
-        if (pair_act) {
-          sm90ws::tma_load_3d(sh.stages[s].act[0], &p.act_pair_map, &sh.full[s], 0, token0, column[0]);
-        } else {
+        if constexpr (Cfg::kPairs) {
+          if (pair_act) {
+            sm90ws::tma_load_3d(sh.stages[s].act[0], &p.act_pair_map, &sh.full[s], 0, token0, column[0]);
+          }
+        }
+        if (!pair_act) {
           CUTE_UNROLL
           for (int c = 0; c < C; ++c) {
             if ((flags >> (8 * c)) & 0xff) {
@@ -348,11 +360,15 @@ __device__ __forceinline__ void issue(const B32Params& p, typename Cfg::SharedSt
       __syncwarp();  // the stage is armed before its W loads
       if (lane < C * L && ((flags >> lane) & 1)) {
         const int row = w_slot * (Cfg::kWideRows ? B / 2 : B);
-        void* dst = sh.stages[s].w[Cfg::slot_of(lane % L, lane / L)];
-        if (lane < L && pair_w) {
-          sm90ws::tma_load_2d(dst, &p.data_pair_map, &sh.full[s], 0, row);
-        } else if (lane < L || !pair_w) {
-          sm90ws::tma_load_2d(dst, &p.data_map, &sh.full[s], 0, row);
+        if constexpr (Cfg::kPairs) {
+          void* dst = sh.stages[s].w[Cfg::slot_of(lane % L, lane / L)];
+          if (lane < L && pair_w) {
+            sm90ws::tma_load_2d(dst, &p.data_pair_map, &sh.full[s], 0, row);
+          } else if (lane < L || !pair_w) {
+            sm90ws::tma_load_2d(dst, &p.data_map, &sh.full[s], 0, row);
+          }
+        } else {
+          sm90ws::tma_load_2d(sh.stages[s].w[lane], &p.data_map, &sh.full[s], 0, row);  // slot_of(lane % L, lane / L)
         }
       }
     }
@@ -362,7 +378,7 @@ __device__ __forceinline__ void issue(const B32Params& p, typename Cfg::SharedSt
 }
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_constant__ B32Params p) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_constant__ typename Cfg::Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
   using T = typename Cfg::T;
@@ -553,7 +569,7 @@ cudaError_t launch_config(const void* act, int64_t m, int n_other, const void* d
   const CUtensorMapDataType dtype = std::is_same<T, cute::half_t>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                                          : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   constexpr CUtensorMapSwizzle kSwizzle = CU_TENSOR_MAP_SWIZZLE_64B;  // 64-byte rows (32 16-bit values)
-  B32Params p;
+  typename Cfg::Params p;
   cudaError_t err = sm90ws::encode_2d_map(&p.act_map, dtype, act, uint64_t(n_other) * B, uint64_t(m), Cfg::BK,
                                           Cfg::kTokens, 2, kSwizzle);
   if (err != cudaSuccess) return err;
@@ -566,20 +582,22 @@ cudaError_t launch_config(const void* act, int64_t m, int n_other, const void* d
   if (err != cudaSuccess) return err;
   err = sm90ws::encode_2d_map(&p.out_map, dtype, out, uint64_t(n_lines) * B, uint64_t(m), B, 64, 2, kSwizzle);
   if (err != cudaSuccess) return err;
-  p.pair_boxes = Cfg::kCols == 2 ? (Cfg::kLineMajorW ? pair_boxes : pair_boxes & kPairAct) : 0;
-  if (p.pair_boxes & kPairW) {  // as data_map, two blocks per box
-    err = Cfg::kWideRows ? sm90ws::encode_2d_map(&p.data_pair_map, dtype, data, 2 * B, uint64_t(nnz) * B / 2, 2 * B,
-                                                 B, 2, CU_TENSOR_MAP_SWIZZLE_128B)
-                         : sm90ws::encode_2d_map(&p.data_pair_map, dtype, data, B, uint64_t(nnz) * B, B, 2 * B, 2,
-                                                 kSwizzle);
-    if (err != cudaSuccess) return err;
-  }
-  if (p.pair_boxes & kPairAct) {  // act as (32 values, M tokens, K / 32 block columns): two columns' tiles in a row
-    const uint64_t dims[3] = {uint64_t(B), uint64_t(m), uint64_t(n_other)};
-    const uint64_t strides[2] = {uint64_t(n_other) * B * sizeof(T), uint64_t(B) * sizeof(T)};
-    const uint32_t box[3] = {uint32_t(B), uint32_t(Cfg::kTokens), 2};
-    err = sm90ws::encode_3d_map(&p.act_pair_map, dtype, act, dims, strides, box, kSwizzle);
-    if (err != cudaSuccess) return err;
+  if constexpr (Cfg::kPairs) {
+    p.pair_boxes = pair_boxes & Cfg::kPairBits;
+    if (p.pair_boxes & kPairW) {  // as data_map, two blocks per box
+      err = Cfg::kWideRows ? sm90ws::encode_2d_map(&p.data_pair_map, dtype, data, 2 * B, uint64_t(nnz) * B / 2, 2 * B,
+                                                   B, 2, CU_TENSOR_MAP_SWIZZLE_128B)
+                           : sm90ws::encode_2d_map(&p.data_pair_map, dtype, data, B, uint64_t(nnz) * B, B, 2 * B, 2,
+                                                   kSwizzle);
+      if (err != cudaSuccess) return err;
+    }
+    if (p.pair_boxes & kPairAct) {  // act as (32 values, M tokens, K / 32 block columns): two columns' tiles in a row
+      const uint64_t dims[3] = {uint64_t(B), uint64_t(m), uint64_t(n_other)};
+      const uint64_t strides[2] = {uint64_t(n_other) * B * sizeof(T), uint64_t(B) * sizeof(T)};
+      const uint32_t box[3] = {uint32_t(B), uint32_t(Cfg::kTokens), 2};
+      err = sm90ws::encode_3d_map(&p.act_pair_map, dtype, act, dims, strides, box, kSwizzle);
+      if (err != cudaSuccess) return err;
+    }
   }
   const int64_t groups = (int64_t(n_lines) + Cfg::kLines - 1) / Cfg::kLines;
   const int64_t token_tiles = (m + Cfg::kTokens - 1) / Cfg::kTokens;
@@ -613,9 +631,19 @@ template <class T, bool TransposeW>
 cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, int64_t nnz, const int32_t* offsets,
                    const int32_t* keys, const int32_t* slots, const int32_t* order, int* tile_counter, int n_lines,
                    const void* bias, void* out, int sms, int columns, int pair_boxes, cudaStream_t stream) {
+  if (columns == 2 && pair_boxes == kPairAct) {  // column-major W slots
+    return launch_config<Config<T, TransposeW, 2, kPairAct>>(act, m, n_other, data, nnz, offsets, keys, slots, order,
+                                                             tile_counter, n_lines, bias, out, sms, pair_boxes,
+                                                             stream);
+  }
+  if (columns == 2 && pair_boxes != 0) {
+    return launch_config<Config<T, TransposeW, 2, kPairW | kPairAct>>(act, m, n_other, data, nnz, offsets, keys, slots,
+                                                                      order, tile_counter, n_lines, bias, out, sms,
+                                                                      pair_boxes, stream);
+  }
   if (columns == 2) {
     return launch_config<Config<T, TransposeW, 2>>(act, m, n_other, data, nnz, offsets, keys, slots, order,
-                                                   tile_counter, n_lines, bias, out, sms, pair_boxes, stream);
+                                                   tile_counter, n_lines, bias, out, sms, 0, stream);
   }
   if (columns != 1) return cudaErrorInvalidValue;
   return launch_config<Config<T, TransposeW, 1>>(act, m, n_other, data, nnz, offsets, keys, slots, order,
