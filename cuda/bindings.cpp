@@ -353,18 +353,24 @@ int64_t set_hopper_b32_columns(int64_t columns) {
 
 int b32_columns() { return g_hopper_b32_columns > 0 ? int(g_hopper_b32_columns) : 2; }
 
-// Experiment (branch exp/b32-pair-boxes): two-column block-32 stages load a line's two adjacent W blocks (bit 1,
-// sm90b32::kPairW) and two adjacent block columns' activation tiles (bit 2, kPairAct) in one TMA box each: a box
-// costs the SM's TMA unit a fixed ~160 clocks besides its bytes (benchmarks/profile/tma_row_rate.cu). 0 (default):
-// neither, the kernel before; 2: activation pairs (W slots column-major); 1 / 3: W pairs / both (line-major W slots).
-// Session 33 (benchmarks/results/b32_kernel_session33_*.txt): within one build 0-6 % less time at density 0.1-0.5,
-// 4-15 % at 1.0, but that build without pairs was 0-8 % slower than main's; each setting is an instantiation of its
-// own since, not measured yet.
-int64_t g_hopper_b32_pair_boxes = 0;
+// Two-column block-32 stages may load a line's two adjacent W blocks (bit 1, sm90b32::kPairW) and two adjacent
+// block columns' activation tiles (bit 2, kPairAct) in one TMA box each: a box costs the SM's TMA unit a fixed ~160
+// clocks besides its bytes (benchmarks/profile/tma_row_rate.cu). Each setting is a kernel instantiation of its own;
+// W pairs need line-major W slots, which cost where few lines have both blocks of a stage. Session 34 (H100, bf16,
+// against main's build in one process; benchmarks/results/b32_kernel_session34_*.txt): activation pairs 0.95-1.00x
+// the time at density 0.1-1.0; W pairs 1.05-1.07x at 0.25-0.5 and 0.86-0.96x at 1.0. -1 (default): activation pairs,
+// and both kinds from density 0.8; 0: neither (the kernel before); 1: W pairs; 2: activation pairs; 3: both.
+int64_t g_hopper_b32_pair_boxes = -1;
 int64_t set_hopper_b32_pair_boxes(int64_t bits) {
-  PBSNG_CHECK_VALUE(bits >= 0 && bits <= 3, "set_hopper_b32_pair_boxes: bits=", bits,
-                    " must be 0-3 (1: a line's two W blocks in one box, 2: two columns' activation tiles, 3: both)");
+  PBSNG_CHECK_VALUE(bits >= -1 && bits <= 3, "set_hopper_b32_pair_boxes: bits=", bits,
+                    " must be -1 (auto) or 0-3 (1: a line's two W blocks in one box, 2: two columns' activation"
+                    " tiles, 3: both)");
   return std::exchange(g_hopper_b32_pair_boxes, bits);
+}
+
+int b32_pair_boxes_for(int64_t nnz, int64_t cells) {
+  if (g_hopper_b32_pair_boxes >= 0) return int(g_hopper_b32_pair_boxes);
+  return 5 * nnz >= 4 * cells ? 3 : 2;
 }
 
 // The block-32 Hopper dds on W's blocks transposed (kernel_transpose_blocks.cuh): one pass over the blocks into a
@@ -588,7 +594,7 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
               int(pat.n_block_rows), int(pat.n_block_cols), block, int(splits), int(sms), int(g_hopper_stages),
               int(tile_rows), few_rows_split};
   p.b32_columns = b32_columns();  // read by the block-32 Hopper kernel only
-  p.b32_pair_boxes = int(g_hopper_b32_pair_boxes);
+  p.b32_pair_boxes = b32_pair_boxes_for(pat.nnz, pat.n_block_rows * pat.n_block_cols);
   if (splits == 1 && hopper) {
     // The few-rows dsd deals its tiles round-robin (its clusters take the same tiles): no counter.
     const at::Tensor counter = few_rows_split > 0 ? at::Tensor() : tile_counter_for(x, stream);
@@ -637,7 +643,7 @@ at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const
                                         pat.n_block_rows * pat.n_block_cols, groups * ((p.m + 127) / 128),
                                         line_steps, p.sms);
   p.b32_columns = b32_columns();  // read by the block-32 Hopper kernel only
-  p.b32_pair_boxes = int(g_hopper_b32_pair_boxes);
+  p.b32_pair_boxes = b32_pair_boxes_for(pat.nnz, pat.n_block_rows * pat.n_block_cols);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
   if (p.few_rows_split > 0) {
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)

@@ -1254,9 +1254,9 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
         _ops.set_hopper_b32_columns(3)
     assert _ops.set_hopper_b32_dds_copy(0) == -1
     assert _ops.set_hopper_b32_dds_copy(-1) == 0
-    assert _ops.set_hopper_b32_pair_boxes(3) == 0
-    assert _ops.set_hopper_b32_pair_boxes(0) == 3
-    with pytest.raises(ValueError, match=r"bits=4 must be 0-3 \(1: a line's two W blocks in one box"):
+    assert _ops.set_hopper_b32_pair_boxes(3) == -1
+    assert _ops.set_hopper_b32_pair_boxes(-1) == 3
+    with pytest.raises(ValueError, match=r"bits=4 must be -1 \(auto\) or 0-3 \(1: a line's two W blocks in one"):
         _ops.set_hopper_b32_pair_boxes(4)
     with pytest.raises(ValueError, match=r"mode=2 must be -1 \(auto\), 0 \(off\) or 1 \(always\)"):
         _ops.set_hopper_b32_dds_copy(2)
