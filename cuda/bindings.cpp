@@ -355,11 +355,12 @@ int b32_columns() { return g_hopper_b32_columns > 0 ? int(g_hopper_b32_columns) 
 
 // Two-column block-32 stages may load a line's two adjacent W blocks (bit 1, sm90b32::kPairW) and two adjacent
 // block columns' activation tiles (bit 2, kPairAct) in one TMA box each: a box costs the SM's TMA unit a fixed ~160
-// clocks besides its bytes (benchmarks/profile/tma_row_rate.cu). Each setting is a kernel instantiation of its own;
+// clocks besides its bytes (benchmarks/profile/tma_row_rate.cu). Each setting is a kernel instantiation of its own.
 // W pairs need line-major W slots, which cost where few lines have both blocks of a stage. Session 34 (H100, bf16,
-// against main's build in one process; benchmarks/results/b32_kernel_session34_*.txt): activation pairs 0.95-1.00x
-// the time at density 0.1-1.0; W pairs 1.05-1.07x at 0.25-0.5 and 0.86-0.96x at 1.0. -1 (default): activation pairs,
-// and both kinds from density 0.8; 0: neither (the kernel before); 1: W pairs; 2: activation pairs; 3: both.
+// in-process A/B against the kernel before, four shapes; benchmarks/results/b32_kernel_session34_*.txt): activation
+// pairs 0.97-1.01x its time at density 0.1-0.7, 0.95-1.0x at 0.8-1.0; both kinds 1.00-1.03x at 0.1-0.6, 0.98x at
+// 0.7, 0.94-0.99x at 0.8-0.9 and 0.91-0.98x at 1.0 (W pairs alone 1.02-1.07x at 0.25-0.6). -1 (default): activation
+// pairs, both kinds from density 2/3; 0: neither (the kernel before); 1: W pairs; 2: activation pairs; 3: both.
 int64_t g_hopper_b32_pair_boxes = -1;
 int64_t set_hopper_b32_pair_boxes(int64_t bits) {
   PBSNG_CHECK_VALUE(bits >= -1 && bits <= 3, "set_hopper_b32_pair_boxes: bits=", bits,
@@ -370,7 +371,7 @@ int64_t set_hopper_b32_pair_boxes(int64_t bits) {
 
 int b32_pair_boxes_for(int64_t nnz, int64_t cells) {
   if (g_hopper_b32_pair_boxes >= 0) return int(g_hopper_b32_pair_boxes);
-  return 5 * nnz >= 4 * cells ? 3 : 2;
+  return 3 * nnz >= 2 * cells ? 3 : 2;
 }
 
 // The block-32 Hopper dds on W's blocks transposed (kernel_transpose_blocks.cuh): one pass over the blocks into a

@@ -117,7 +117,7 @@ def set_hopper_blocks_of_32(mode: int) -> int:
 def set_hopper_b32_pair_boxes(bits: int) -> int:
     """TMA boxes of two blocks in the block-32 Hopper dsd / dds (two-column stages): bit 1 loads a line's two
     adjacent W blocks in one box, bit 2 two adjacent block columns' activation tiles; 3 both, 0 neither. -1 (default):
-    activation pairs, both kinds from density 0.8 (bindings.cpp, b32_pair_boxes_for). Returns the previous value."""
+    activation pairs, both kinds from density 2/3 (bindings.cpp, b32_pair_boxes_for). Returns the previous value."""
     return int(_C.set_hopper_b32_pair_boxes(int(bits)))
 
 

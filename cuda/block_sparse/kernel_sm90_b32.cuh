@@ -34,7 +34,9 @@
 // `data`) gets one box of two blocks (W slots line-major), and two adjacent columns' activation tiles one 3-D box
 // (PairBoxes, set_hopper_b32_pair_boxes in bindings.cpp). Session 33 measured 0-6 % less time at density 0.1-0.5 and
 // 4-15 % at 1.0 within one build, but that build without pairs was 0-8 % slower than the kernel before; so the pairs
-// are instantiations of their own now (Config::kPairBits), and the kernel without them is the one before.
+// are instantiations of their own (Config::kPairBits), and the kernel without them is the one before. Against it
+// (session 34): activation pairs (column-major W slots) 0.97-1.01x the time at density 0.1-0.7, both kinds 0.91-0.99x
+// from 0.7 but 1.00-1.03x below (line-major slots cost where few lines pair); the binding takes both from density 2/3.
 //
 // Constraints: sm_90a only (other archs compile a trap); fp16 / bf16; blocks of 32; activation row stride a
 // multiple of 16 bytes and 16-byte aligned pointers (bindings.cpp checks).
