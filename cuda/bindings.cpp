@@ -353,6 +353,27 @@ int64_t set_hopper_b32_columns(int64_t columns) {
 
 int b32_columns() { return g_hopper_b32_columns > 0 ? int(g_hopper_b32_columns) : 2; }
 
+// Two-column block-32 stages may load a line's two adjacent W blocks (bit 1, sm90b32::kPairW) and two adjacent
+// block columns' activation tiles (bit 2, kPairAct) in one TMA box each: a box costs the SM's TMA unit a fixed ~160
+// clocks besides its bytes (benchmarks/profile/tma_row_rate.cu). Each setting is a kernel instantiation of its own.
+// W pairs need line-major W slots, which cost where few lines have both blocks of a stage. Session 34 (H100, bf16,
+// in-process A/B against the kernel before, four shapes; benchmarks/results/b32_kernel_session34_*.txt): activation
+// pairs 0.97-1.01x its time at density 0.1-0.7, 0.95-1.0x at 0.8-1.0; both kinds 1.00-1.03x at 0.1-0.6, 0.98x at
+// 0.7, 0.94-0.99x at 0.8-0.9 and 0.91-0.98x at 1.0 (W pairs alone 1.02-1.07x at 0.25-0.6). -1 (default): activation
+// pairs, both kinds from density 2/3; 0: neither (the kernel before); 1: W pairs; 2: activation pairs; 3: both.
+int64_t g_hopper_b32_pair_boxes = -1;
+int64_t set_hopper_b32_pair_boxes(int64_t bits) {
+  PBSNG_CHECK_VALUE(bits >= -1 && bits <= 3, "set_hopper_b32_pair_boxes: bits=", bits,
+                    " must be -1 (auto) or 0-3 (1: a line's two W blocks in one box, 2: two columns' activation"
+                    " tiles, 3: both)");
+  return std::exchange(g_hopper_b32_pair_boxes, bits);
+}
+
+int b32_pair_boxes_for(int64_t nnz, int64_t cells) {
+  if (g_hopper_b32_pair_boxes >= 0) return int(g_hopper_b32_pair_boxes);
+  return 3 * nnz >= 2 * cells ? 3 : 2;
+}
+
 // The block-32 Hopper dds on W's blocks transposed (kernel_transpose_blocks.cuh): one pass over the blocks into a
 // workspace of the weight's size, then the dsd kernel of dy with W^T, whose K-major W tiles load in 128-byte rows;
 // read from W's blocks, the kernel's W_b^T tiles are MN-major in 64-byte rows. Measured against that kernel (H100,
@@ -574,6 +595,7 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
               int(pat.n_block_rows), int(pat.n_block_cols), block, int(splits), int(sms), int(g_hopper_stages),
               int(tile_rows), few_rows_split};
   p.b32_columns = b32_columns();  // read by the block-32 Hopper kernel only
+  p.b32_pair_boxes = b32_pair_boxes_for(pat.nnz, pat.n_block_rows * pat.n_block_cols);
   if (splits == 1 && hopper) {
     // The few-rows dsd deals its tiles round-robin (its clusters take the same tiles): no counter.
     const at::Tensor counter = few_rows_split > 0 ? at::Tensor() : tile_counter_for(x, stream);
@@ -622,6 +644,7 @@ at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const
                                         pat.n_block_rows * pat.n_block_cols, groups * ((p.m + 127) / 128),
                                         line_steps, p.sms);
   p.b32_columns = b32_columns();  // read by the block-32 Hopper kernel only
+  p.b32_pair_boxes = b32_pair_boxes_for(pat.nnz, pat.n_block_rows * pat.n_block_cols);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
   if (p.few_rows_split > 0) {
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)
@@ -833,6 +856,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the block-32 Hopper sdd's tile: -1 auto (default), 0 row pairs x columns, 1 row pairs x column pairs, 2 row "
         "quads x column pairs; returns the previous mode",
         pybind11::arg("mode"));
+  m.def("set_hopper_b32_pair_boxes", &pbsng::set_hopper_b32_pair_boxes,
+        "TMA boxes of two blocks in the block-32 Hopper dsd / dds (experiment): 1 a line's two W blocks, 2 two "
+        "columns' activation tiles, 3 both, 0 neither (default); returns the previous value",
+        pybind11::arg("bits"));
   m.def("set_hopper_b32_columns", &pbsng::set_hopper_b32_columns,
         "block columns per pipeline stage of the block-32 Hopper dsd / dds: -1 auto (default), 1 or 2; returns the "
         "previous value",

@@ -49,7 +49,7 @@ __all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "sdd_with_bias_g
            "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row", "set_hopper_tile_schedule",
            "set_hopper_pipeline_stages", "set_hopper_sdd_tail_split", "set_decode_max_rows",
            "set_hopper_few_rows_split", "set_hopper_blocks_of_32", "set_hopper_b32_columns", "set_hopper_b32_dds_copy",
-           "set_hopper_sdd_b32_mode",
+           "set_hopper_b32_pair_boxes", "set_hopper_sdd_b32_mode",
            "set_backward_overlap"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
@@ -112,6 +112,13 @@ def set_hopper_blocks_of_32(mode: int) -> int:
     the SMs' tiles; b32_sdd_hopper_for, M >= 64 whatever set_hopper_min_rows says); 0: never; 1: wherever the
     Hopper kernels run (M >= set_hopper_min_rows). Returns the previous mode."""
     return int(_C.set_hopper_blocks_of_32(int(mode)))
+
+
+def set_hopper_b32_pair_boxes(bits: int) -> int:
+    """TMA boxes of two blocks in the block-32 Hopper dsd / dds (two-column stages): bit 1 loads a line's two
+    adjacent W blocks in one box, bit 2 two adjacent block columns' activation tiles; 3 both, 0 neither. -1 (default):
+    activation pairs, both kinds from density 2/3 (bindings.cpp, b32_pair_boxes_for). Returns the previous value."""
+    return int(_C.set_hopper_b32_pair_boxes(int(bits)))
 
 
 def set_hopper_b32_columns(columns: int) -> int:

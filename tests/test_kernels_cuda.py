@@ -367,17 +367,25 @@ B32_CASES += [Case(300, i, o, d, 32, torch.bfloat16) for (i, o) in ((1056, 416),
 # Two columns per stage (session 28): 65 block columns, i.e. a full batch of 32 two-column stages and a last stage
 # of one column; at density 0.5 words of odd union counts.
 B32_CASES += [Case(300, i, o, d, 32, torch.bfloat16) for (i, o) in ((2080, 416), (416, 2080)) for d in (0.5, 1.0)]
+# Pair boxes (session 33): one block column of W, so that the dds read from W's blocks also finds a line's blocks
+# adjacent in `data` (one box for two); and its swap, lines of one block each.
+B32_CASES += [Case(300, i, o, 1.0, 32, torch.bfloat16) for (i, o) in ((32, 416), (416, 32))]
 
 
 @pytest.mark.cuda
 @requires_kernels
 @pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
                     reason="the Hopper kernels run on sm_90 GPUs only")
-# (block columns per stage, the dds on a transposed copy of W's blocks): every kernel variant the knobs reach.
-@pytest.mark.parametrize("columns, dds_copy", ((1, 1), (2, 1), (1, 0), (2, 0)),
-                         ids=("cols1", "cols2", "cols1-mn_dds", "cols2-mn_dds"))
+# (block columns per stage, the dds on a transposed copy of W's blocks, pair boxes): every kernel variant the knobs
+# reach. Two-column stages load one block per TMA box (pair boxes 0), or two where they can (3: both kinds of pairs,
+# line-major W slots; 2: activation pairs only, column-major W slots; 1: W pairs only; the default takes 2 or 3 by
+# density).
+@pytest.mark.parametrize("columns, dds_copy, pair_boxes", ((1, 1, 0), (2, 1, 0), (2, 1, 3), (2, 1, 2), (2, 1, 1),
+                                                           (1, 0, 0), (2, 0, 0), (2, 0, 3), (2, 0, 2)),
+                         ids=("cols1", "cols2", "cols2-pairs", "cols2-act_pairs", "cols2-w_pairs", "cols1-mn_dds",
+                              "cols2-mn_dds", "cols2-pairs-mn_dds", "cols2-act_pairs-mn_dds"))
 @pytest.mark.parametrize("case", B32_CASES, ids=case_id)
-def test_hopper_blocks_of_32(case, columns, dds_copy):
+def test_hopper_blocks_of_32(case, columns, dds_copy, pair_boxes):
     from pytorch_block_sparse_ng import _C, _ops
 
     if not _C.uses_hopper_kernels(torch.cuda.current_device(), case.block):
@@ -388,6 +396,7 @@ def test_hopper_blocks_of_32(case, columns, dds_copy):
     previous_b32 = _ops.set_hopper_blocks_of_32(1)  # at every size and density, not only where the rule takes it
     previous_columns = _ops.set_hopper_b32_columns(columns)  # one or two block columns per pipeline stage
     previous_copy = _ops.set_hopper_b32_dds_copy(dds_copy)  # the dds on W's blocks transposed, or on W's blocks
+    previous_pairs = _ops.set_hopper_b32_pair_boxes(pair_boxes)
     try:
         _check_products("Hopper blocks of 32", case, *tensors)
         w, index, x, dy, bias, data = tensors
@@ -399,6 +408,7 @@ def test_hopper_blocks_of_32(case, columns, dds_copy):
         _ops.set_hopper_blocks_of_32(previous_b32)
         _ops.set_hopper_b32_columns(previous_columns)
         _ops.set_hopper_b32_dds_copy(previous_copy)
+        _ops.set_hopper_b32_pair_boxes(previous_pairs)
 
 
 @pytest.mark.cuda
@@ -1245,6 +1255,10 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
         _ops.set_hopper_b32_columns(3)
     assert _ops.set_hopper_b32_dds_copy(0) == -1
     assert _ops.set_hopper_b32_dds_copy(-1) == 0
+    assert _ops.set_hopper_b32_pair_boxes(3) == -1
+    assert _ops.set_hopper_b32_pair_boxes(-1) == 3
+    with pytest.raises(ValueError, match=r"bits=4 must be -1 \(auto\) or 0-3 \(1: a line's two W blocks in one"):
+        _ops.set_hopper_b32_pair_boxes(4)
     with pytest.raises(ValueError, match=r"mode=2 must be -1 \(auto\), 0 \(off\) or 1 \(always\)"):
         _ops.set_hopper_b32_dds_copy(2)
     assert _ops.set_hopper_sdd_b32_mode(2) == -1

@@ -18,7 +18,8 @@
 //   warp 1 plans a tile at once (plan_tiles): its lines' block columns as bitmaps in shared memory, then one pass
 //          over the union's 32-column words writes each stage's column, lines and W slots into a ring;
 //   warp 0 issues (issue): per stage it waits for the free slot, lane 0 arms it and loads the activation tile(s),
-//          lane 8 c + l loads line l's W block of the stage's column c if the line has it.
+//          lane 8 c + l loads line l's W block of the stage's column c if the line has it (lane l both blocks,
+//          in one box, if the line has both).
 // Epilogue: each consumer rounds its 64 tokens x 8 lines (+ bias), writes them by stmatrix into its own output
 // tiles (64-byte swizzle; with two columns per stage 2 lines per round) and stores each line's 64 x 32 tile by TMA,
 // which clips rows past M.
@@ -27,6 +28,15 @@
 // held two of them (wait<1>); since a two-column stage is released as soon as its own wgmma are done, and the
 // output tiles take 2 lines per round so that a fourth stage fits (session 29), two columns are faster than one at
 // every density, and the binding takes them (b32_columns in bindings.cpp).
+// Two blocks per TMA box (session 33): a box costs the SM's TMA unit a fixed ~150 clocks besides its bytes (a
+// contiguous 4 KB box ~1.07x a 2 KB one; benchmarks/profile/tma_row_rate.cu), and a two-column stage issued up to 2
+// activation and 16 W boxes of 8 / 2 KB. Now a line that has both columns (its two blocks are then adjacent in
+// `data`) gets one box of two blocks (W slots line-major), and two adjacent columns' activation tiles one 3-D box
+// (PairBoxes, set_hopper_b32_pair_boxes in bindings.cpp). Session 33 measured 0-6 % less time at density 0.1-0.5 and
+// 4-15 % at 1.0 within one build, but that build without pairs was 0-8 % slower than the kernel before; so the pairs
+// are instantiations of their own (Config::kPairBits), and the kernel without them is the one before. Against it
+// (session 34): activation pairs (column-major W slots) 0.97-1.01x the time at density 0.1-0.7, both kinds 0.91-0.99x
+// from 0.7 but 1.00-1.03x below (line-major slots cost where few lines pair); the binding takes both from density 2/3.
 //
 // Constraints: sm_90a only (other archs compile a trap); fp16 / bf16; blocks of 32; activation row stride a
 // multiple of 16 bytes and 16-byte aligned pointers (bindings.cpp checks).
@@ -39,6 +49,17 @@ namespace sm90b32 {
 
 using sm90ws::KernelParams;
 
+// What two-column stages load in one TMA box each where they can (B32Params::pair_boxes; see the top).
+enum PairBoxes : int {
+  kPairW = 1,    // a line's blocks of both columns, adjacent in `data`, in one box of 2 blocks
+  kPairAct = 2,  // the activation tiles of two adjacent block columns in one 3-D box (128 tokens x 2 x 32)
+};
+struct B32Params : KernelParams {
+  CUtensorMap data_pair_map;  // data, box of two adjacent blocks
+  CUtensorMap act_pair_map;   // act as (32, M, K / 32), box 32 x 128 tokens x 2 block columns
+  int pair_boxes;             // PairBoxes bits (0 with one column per stage)
+};
+
 // A from registers (RS): a consumer loads its A (64 tokens x 32 of a block column) by ldmatrix once per stage,
 // and the lines' wgmma read only their B from shared memory.
 template <class T, cute::GMMA::Major MajorB> struct GmmaAtom;
@@ -49,7 +70,7 @@ template <cute::GMMA::Major MajorB> struct GmmaAtom<cute::bfloat16_t, MajorB> {
   using type = cute::SM90_64x32x16_F32BF16BF16_RS<cute::GMMA::Major::K, MajorB>;
 };
 
-template <class T_, bool TransposeW_, int Cols_ = 1>
+template <class T_, bool TransposeW_, int Cols_ = 1, int Pairs_ = 0>
 struct Config {
   using T = T_;
   static constexpr int Block = 32;
@@ -91,12 +112,27 @@ struct Config {
   using TiledStoreOut = decltype(cute::make_tiled_copy_C(cute::Copy_Atom<cute::SM90_U32x4_STSM_N, T>{},
                                                          TiledMma{}));
 
+  // Pair boxes (PairBoxes bits the instantiation can issue; the kernel parameter picks among them): instantiations
+  // of their own, so that the kernel without them is the one before session 33.
+  static constexpr bool kPairs = Pairs_ != 0;
+  static constexpr int kPairBits = Pairs_;
+  static constexpr bool kPairsW = (Pairs_ & kPairW) != 0;
+  static_assert(!kPairs || Cols_ == 2, "pair boxes need two columns per stage");
+  using Params = cute::conditional_t<kPairs, B32Params, KernelParams>;
+  // W slots line-major (slot l * kCols + c) where W pairs may come (a W pair box needs a line's slots adjacent), else
+  // column-major (slot c * kLines + l).
+  static constexpr bool kLineMajorW = kPairsW;
+  static constexpr int slot_of(int line, int column) {
+    return kLineMajorW ? line * kCols + column : column * kLines + line;
+  }
   static constexpr int kActTileBytes = kTokens * BK * int(sizeof(T));  // 8 KB
   static constexpr int kWTileBytes = 32 * BK * int(sizeof(T));         // 2 KB
 
   struct alignas(1024) Stage {
     T act[kCols][kTokens * BK];
-    T w[kCols][kLines][32 * BK];  // slot [c][l]: line l's block of the stage's column c (loaded if it has one)
+    // Slot slot_of(l, c): line l's block of the stage's column c (loaded if it has one). Line-major, so that a
+    // line's blocks of both columns (adjacent in `data`) can arrive in one TMA box.
+    T w[kLines * kCols][32 * BK];
   };
   struct SharedStorage {
     Stage stages[kStages];
@@ -261,7 +297,7 @@ __device__ __forceinline__ void plan_tiles(const KernelParams& p, typename Cfg::
 // Warp 0: per planned stage, waits for its free slot, arms it, and issues the activation tiles (lane 0) and the W
 // blocks (lane 8 c + l for line l of column c).
 template <class Cfg>
-__device__ __forceinline__ void issue(const KernelParams& p, typename Cfg::SharedStorage& sh) {
+__device__ __forceinline__ void issue(const typename Cfg::Params& p, typename Cfg::SharedStorage& sh) {
   using Barrier = cutlass::arch::ClusterBarrier;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int S = Cfg::kStages, B = Cfg::Block, NB = Cfg::kPlanBatches;
@@ -286,23 +322,56 @@ __device__ __forceinline__ void issue(const KernelParams& p, typename Cfg::Share
       }
       // Lane 8 c + l loads line l's block of column c.
       const int w_slot = lane < C * L ? load_shared_volatile(&sh.plan_slot[slot][i][lane / L][lane % L]) : 0;
+      // Pairs: lane l < 8 loads line l's blocks of both columns in one box when they are adjacent in `data`
+      // (always for the dsd: no block of the line lies between two consecutive union columns), and lane 8 + l
+      // then loads nothing.
+      bool pair_w = false, pair_act = false;
+      if constexpr (Cfg::kPairs) {
+        // The lines with both blocks, from the flags alone: no shuffle on the issuer's path (its every instruction
+        // delays the loads). W^T's blocks (the dds read from W) are adjacent only where their slots are.
+        const int both = flags & (flags >> L) & 0xff;
+        pair_w = Cfg::kPairsW && (p.pair_boxes & kPairW) && lane < C * L && ((both >> (lane % L)) & 1);
+        if constexpr (Cfg::kPairsW && Cfg::TransposeW) {
+          const int next_slot = __shfl_down_sync(0xffffffffu, w_slot, L);
+          const bool lower = pair_w && lane < L && next_slot == w_slot + 1;
+          const bool upper = __shfl_up_sync(0xffffffffu, lower, L);
+          pair_w = lane < L ? lower : upper;
+        }
+        pair_act = (p.pair_boxes & kPairAct) && acts == 2 && column[1] == column[0] + 1;
+      }
       const int s = it % S;
       Barrier::wait(&sh.empty[s], ((it / S) & 1) ^ 1);
       if (lane == 0) {
         sh.flags[s] = flags;
         TxBarrier::arrive_and_expect_tx(&sh.full[s], acts * Cfg::kActTileBytes +
                                                          __popc(flags & (Cfg::kLast - 1)) * Cfg::kWTileBytes);
-        CUTE_UNROLL
-        for (int c = 0; c < C; ++c) {
-          if ((flags >> (8 * c)) & 0xff) {
-            sm90ws::tma_load_2d(sh.stages[s].act[c], &p.act_map, &sh.full[s], column[c] * B, token0);
+        if constexpr (Cfg::kPairs) {
+          if (pair_act) {
+            sm90ws::tma_load_3d(sh.stages[s].act[0], &p.act_pair_map, &sh.full[s], 0, token0, column[0]);
+          }
+        }
+        if (!pair_act) {
+          CUTE_UNROLL
+          for (int c = 0; c < C; ++c) {
+            if ((flags >> (8 * c)) & 0xff) {
+              sm90ws::tma_load_2d(sh.stages[s].act[c], &p.act_map, &sh.full[s], column[c] * B, token0);
+            }
           }
         }
       }
       __syncwarp();  // the stage is armed before its W loads
       if (lane < C * L && ((flags >> lane) & 1)) {
-        sm90ws::tma_load_2d(sh.stages[s].w[lane / L][lane % L], &p.data_map, &sh.full[s], 0,
-                            w_slot * (Cfg::kWideRows ? B / 2 : B));
+        const int row = w_slot * (Cfg::kWideRows ? B / 2 : B);
+        if constexpr (Cfg::kPairs) {
+          void* dst = sh.stages[s].w[Cfg::slot_of(lane % L, lane / L)];
+          if (lane < L && pair_w) {
+            sm90ws::tma_load_2d(dst, &p.data_pair_map, &sh.full[s], 0, row);
+          } else if (lane < L || !pair_w) {
+            sm90ws::tma_load_2d(dst, &p.data_map, &sh.full[s], 0, row);
+          }
+        } else {
+          sm90ws::tma_load_2d(sh.stages[s].w[lane], &p.data_map, &sh.full[s], 0, row);  // slot_of(lane % L, lane / L)
+        }
       }
     }
     __syncwarp();
@@ -311,7 +380,7 @@ __device__ __forceinline__ void issue(const KernelParams& p, typename Cfg::Share
 }
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_constant__ KernelParams p) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_constant__ typename Cfg::Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
   using T = typename Cfg::T;
@@ -408,14 +477,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
         warpgroup_arrive();
         CUTE_UNROLL
         for (int col = 0; col < Cfg::kCols; ++col) {
-          // Line l's B descriptors: line 0's advanced by l blocks (the descriptors count 16-byte units), one add
-          // per line instead of a descriptor built from its address.
-          Tensor sB0 = make_tensor(make_smem_ptr(sh.stages[s].w[col][0]), typename Cfg::SmemLayoutB{});
+          // Line l's B descriptors: line 0's of this column advanced by l lines of kCols blocks (the descriptors
+          // count 16-byte units), one add per line instead of a descriptor built from its address.
+          Tensor sB0 = make_tensor(make_smem_ptr(sh.stages[s].w[Cfg::slot_of(0, col)]), typename Cfg::SmemLayoutB{});
           Tensor tCrB0 = thr_mma.make_fragment_B(thr_mma.partition_B(sB0));
           CUTE_UNROLL
           for (int l = 0; l < L; ++l) {
             if ((flags >> (8 * col + l)) & 1) {
-              Tensor tCrB = make_tensor(tCrB0.data() + l * (Cfg::kWTileBytes / 16), tCrB0.layout());
+              constexpr int kLineBlocks = Cfg::slot_of(1, 0) - Cfg::slot_of(0, 0);
+              Tensor tCrB = make_tensor(tCrB0.data() + l * (kLineBlocks * Cfg::kWTileBytes / 16), tCrB0.layout());
               Tensor c = acc_line(l);
               gemm(mma, rA[buf][col], tCrB, c);
             }
@@ -492,7 +562,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
 template <class Cfg>
 cudaError_t launch_config(const void* act, int64_t m, int n_other, const void* data, int64_t nnz,
                           const int32_t* offsets, const int32_t* keys, const int32_t* slots, const int32_t* order,
-                          int* tile_counter, int n_lines, const void* bias, void* out, int sms, cudaStream_t stream) {
+                          int* tile_counter, int n_lines, const void* bias, void* out, int sms, int pair_boxes,
+                          cudaStream_t stream) {
   using T = typename Cfg::T;
   if (m == 0 || n_lines == 0) return cudaSuccess;
   if (n_other > Cfg::kMaxBlockCols) return cudaErrorInvalidValue;  // the binding's rule keeps these on SM80
@@ -500,7 +571,7 @@ cudaError_t launch_config(const void* act, int64_t m, int n_other, const void* d
   const CUtensorMapDataType dtype = std::is_same<T, cute::half_t>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                                          : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   constexpr CUtensorMapSwizzle kSwizzle = CU_TENSOR_MAP_SWIZZLE_64B;  // 64-byte rows (32 16-bit values)
-  KernelParams p;
+  typename Cfg::Params p;
   cudaError_t err = sm90ws::encode_2d_map(&p.act_map, dtype, act, uint64_t(n_other) * B, uint64_t(m), Cfg::BK,
                                           Cfg::kTokens, 2, kSwizzle);
   if (err != cudaSuccess) return err;
@@ -513,6 +584,23 @@ cudaError_t launch_config(const void* act, int64_t m, int n_other, const void* d
   if (err != cudaSuccess) return err;
   err = sm90ws::encode_2d_map(&p.out_map, dtype, out, uint64_t(n_lines) * B, uint64_t(m), B, 64, 2, kSwizzle);
   if (err != cudaSuccess) return err;
+  if constexpr (Cfg::kPairs) {
+    p.pair_boxes = pair_boxes & Cfg::kPairBits;
+    if (p.pair_boxes & kPairW) {  // as data_map, two blocks per box
+      err = Cfg::kWideRows ? sm90ws::encode_2d_map(&p.data_pair_map, dtype, data, 2 * B, uint64_t(nnz) * B / 2, 2 * B,
+                                                   B, 2, CU_TENSOR_MAP_SWIZZLE_128B)
+                           : sm90ws::encode_2d_map(&p.data_pair_map, dtype, data, B, uint64_t(nnz) * B, B, 2 * B, 2,
+                                                   kSwizzle);
+      if (err != cudaSuccess) return err;
+    }
+    if (p.pair_boxes & kPairAct) {  // act as (32 values, M tokens, K / 32 block columns): two columns' tiles in a row
+      const uint64_t dims[3] = {uint64_t(B), uint64_t(m), uint64_t(n_other)};
+      const uint64_t strides[2] = {uint64_t(n_other) * B * sizeof(T), uint64_t(B) * sizeof(T)};
+      const uint32_t box[3] = {uint32_t(B), uint32_t(Cfg::kTokens), 2};
+      err = sm90ws::encode_3d_map(&p.act_pair_map, dtype, act, dims, strides, box, kSwizzle);
+      if (err != cudaSuccess) return err;
+    }
+  }
   const int64_t groups = (int64_t(n_lines) + Cfg::kLines - 1) / Cfg::kLines;
   const int64_t token_tiles = (m + Cfg::kTokens - 1) / Cfg::kTokens;
   const int64_t tiles = groups * token_tiles;
@@ -544,14 +632,24 @@ cudaError_t launch_config(const void* act, int64_t m, int n_other, const void* d
 template <class T, bool TransposeW>
 cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, int64_t nnz, const int32_t* offsets,
                    const int32_t* keys, const int32_t* slots, const int32_t* order, int* tile_counter, int n_lines,
-                   const void* bias, void* out, int sms, int columns, cudaStream_t stream) {
+                   const void* bias, void* out, int sms, int columns, int pair_boxes, cudaStream_t stream) {
+  if (columns == 2 && pair_boxes == kPairAct) {  // column-major W slots
+    return launch_config<Config<T, TransposeW, 2, kPairAct>>(act, m, n_other, data, nnz, offsets, keys, slots, order,
+                                                             tile_counter, n_lines, bias, out, sms, pair_boxes,
+                                                             stream);
+  }
+  if (columns == 2 && pair_boxes != 0) {
+    return launch_config<Config<T, TransposeW, 2, kPairW | kPairAct>>(act, m, n_other, data, nnz, offsets, keys, slots,
+                                                                      order, tile_counter, n_lines, bias, out, sms,
+                                                                      pair_boxes, stream);
+  }
   if (columns == 2) {
     return launch_config<Config<T, TransposeW, 2>>(act, m, n_other, data, nnz, offsets, keys, slots, order,
-                                                   tile_counter, n_lines, bias, out, sms, stream);
+                                                   tile_counter, n_lines, bias, out, sms, 0, stream);
   }
   if (columns != 1) return cudaErrorInvalidValue;
   return launch_config<Config<T, TransposeW, 1>>(act, m, n_other, data, nnz, offsets, keys, slots, order,
-                                                 tile_counter, n_lines, bias, out, sms, stream);
+                                                 tile_counter, n_lines, bias, out, sms, 0, stream);
 }
 
 }  // namespace sm90b32

@@ -37,6 +37,7 @@ struct DsdParams {
   int few_rows_split = 0;   // Hopper kernel: 0, 256-token tiles; 1 or 2, 128-token tiles whose reduction is
                             // split over that many CTAs of a cluster (few rows of M)
   int b32_columns = 2;      // Hopper kernel for blocks of 32: block columns per pipeline stage, 1 or 2
+  int b32_pair_boxes = 0;   // Hopper kernel for blocks of 32: sm90b32::PairBoxes bits (two blocks per TMA box)
 };
 
 // dx (M, K) = dy (M, N) W, through the column-major index. One CTA per (block column, tile of M rows).
@@ -58,6 +59,7 @@ struct DdsParams {
   int stages;               // Hopper kernel: pipeline stages, 3 or 4
   int few_rows_split = 0;   // Hopper kernel: as DsdParams::few_rows_split
   int b32_columns = 2;      // Hopper kernel for blocks of 32: as DsdParams::b32_columns
+  int b32_pair_boxes = 0;   // Hopper kernel for blocks of 32: as DsdParams::b32_pair_boxes
   // Hopper kernel for blocks of 32: a workspace [nnz, 32, 32] for W's blocks transposed (kernel_transpose_blocks.cuh),
   // on which the dds runs as the dsd of dy with W^T; nullptr: the dds reads W's blocks (MN-major W_b^T tiles).
   void* data_t = nullptr;
