@@ -1,7 +1,8 @@
 """Per-tile timeline of the Hopper 256-token dsd / dds (8192 x 4096 -> 4096, bf16): when each consumer gets a
 tile, gets its first data, finishes its mainloop and each part of its epilogue (the dsd with a bias, as the
-layer calls it); from that the end's imbalance (how long the SMs wait for the last one), the tile change, and
-the time per stage.
+layer calls it), and when the producer's two warps take the tile, finish its index chain and issue its first
+loads; from that the end's imbalance (how long the SMs wait for the last one), the tile change, and the time
+per stage.
 
 The kernel records nothing by default. To trace, apply the profiling patch, rebuild, run, and revert:
 
@@ -9,7 +10,7 @@ The kernel records nothing by default. To trace, apply the profiling patch, rebu
     python benchmarks/profile/trace_tiles.py OUT_DIR      # writes OUT_DIR/tile_trace.txt
     git apply -R benchmarks/profile/ws_tile_trace.patch
 
-The patch applies to the kernels of session 23 (a9a896d, comments of ab7a907). (`ws_trace.patch` / `trace_ws.py` are session 8-11's per-stage trace,
+The patch applies to the kernels of session 34 (main 461d178; the producer's stamps added then). (`ws_trace.patch` / `trace_ws.py` are session 8-11's per-stage trace,
 written for an older producer.)
 """
 import os
@@ -22,9 +23,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from pytorch_block_sparse_ng import BlockSparseMatrix, _C  # noqa: E402
 
-TRACE_TILES, FIELDS = 64, 9  # kTraceTiles and the stamps per tile and consumer in the patch (kTraceFields)
+TRACE_TILES, FIELDS = 64, 14  # kTraceTiles and the stamps per tile and consumer in the patch (kTraceFields)
 CASES = (("dsd", 128, 0.5), ("dsd", 128, 0.25), ("dsd", 128, 0.1), ("dsd", 128, 1.0), ("dsd", 64, 0.5),
-         ("dds", 128, 0.5))
+         ("dsd", 64, 0.25), ("dds", 128, 0.5))
 LAUNCHES = 2  # traced launches per case, each summarised
 
 
@@ -91,6 +92,10 @@ def summarize(trace, sms):
     busy = sum(e - start for e in ends) / len(ends)
     change, first_wait, epilogue, per_stage = [], [], [], []
     rounding, part0, part1_wait, part1 = [], [], [], []
+    # The producer at a tile change, ns from the previous tile's last wgmma (negative: before it): warp 0 takes the
+    # tile, its index chain (tile -> lines -> offsets -> keys) ends, its first stage is armed (slot free) and the
+    # activation load issued; warp 1's chain ends and its first W load is issued; the first stage's load latency.
+    take, chain0, slot0, issue0, ready1, issue1, latency = [], [], [], [], [], [], []
     last_stages, last_len = [], []
     for tiles in ctas:
         for n, (c0, c1) in enumerate(tiles):
@@ -107,7 +112,17 @@ def summarize(trace, sms):
                         part1.append(c[4] - c[8])
             if n + 1 < len(tiles):
                 nxt = tiles[n + 1]
-                change.append(max(nxt[0][2], nxt[1][2]) - max(c0[3], c1[3]))  # last wgmma -> next first data
+                done = max(c0[3], c1[3])
+                change.append(max(nxt[0][2], nxt[1][2]) - done)  # last wgmma -> next first data
+                pr = nxt[0]
+                if all(pr[9:14]) and nxt[0][2]:
+                    take.append(pr[9] - done)
+                    chain0.append(pr[10] - pr[9])
+                    slot0.append(pr[11] - pr[10])
+                    issue0.append(pr[11] - done)
+                    ready1.append(pr[12] - done)
+                    issue1.append(pr[13] - done)
+                    latency.append(max(nxt[0][2], nxt[1][2]) - max(pr[11], pr[13]))
         c0, c1 = tiles[-1]
         last_stages.append(c0[5])
         last_len.append((max(c0[4], c1[4]) - c0[1]) / 1e3)
@@ -124,6 +139,12 @@ def summarize(trace, sms):
             f"    epilogue parts, median ns: wait + bias + rounding {med(rounding)}, part 0 written and its store "
             f"issued {med(part0)}, wait for part 0's store to read shared memory {med(part1_wait)} (p90 "
             f"{pct(part1_wait, 0.9):.0f}), part 1 {med(part1)}\n"
+            f"    producer at a tile change, median ns from the last wgmma (p10 / p90): warp 0 takes the tile "
+            f"{med(take)} ({pct(take, 0.1):.0f} / {pct(take, 0.9):.0f}), its index chain {med(chain0)}, its first "
+            f"slot wait {med(slot0)} ({pct(slot0, 0.1):.0f} / {pct(slot0, 0.9):.0f}), first activation load issued "
+            f"{med(issue0)} ({pct(issue0, 0.1):.0f} / {pct(issue0, 0.9):.0f}); warp 1 ready {med(ready1)}, first W "
+            f"load issued {med(issue1)} ({pct(issue1, 0.1):.0f} / {pct(issue1, 0.9):.0f}); first stage issue -> "
+            f"data {med(latency)} ({pct(latency, 0.1):.0f} / {pct(latency, 0.9):.0f})\n"
             f"    last tile per CTA: stages median {statistics.median(last_stages)} (min {min(last_stages)}, "
             f"max {max(last_stages)}), length median {statistics.median(last_len):.1f} us (max {max(last_len):.1f})")
 
