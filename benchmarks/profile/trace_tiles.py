@@ -10,7 +10,7 @@ The kernel records nothing by default. To trace, apply the profiling patch, rebu
     python benchmarks/profile/trace_tiles.py OUT_DIR      # writes OUT_DIR/tile_trace.txt
     git apply -R benchmarks/profile/ws_tile_trace.patch
 
-The patch applies to the kernels of session 34 (main 461d178; the producer's stamps added then). (`ws_trace.patch` / `trace_ws.py` are session 8-11's per-stage trace,
+The patch applies to the kernels of session 34 (main 461d178; the producer's stamps and the consumers' slot releases added then). (`ws_trace.patch` / `trace_ws.py` are session 8-11's per-stage trace,
 written for an older producer.)
 """
 import os
@@ -23,9 +23,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from pytorch_block_sparse_ng import BlockSparseMatrix, _C  # noqa: E402
 
-TRACE_TILES, FIELDS = 64, 14  # kTraceTiles and the stamps per tile and consumer in the patch (kTraceFields)
+TRACE_TILES, FIELDS = 64, 16  # kTraceTiles and the stamps per tile and consumer in the patch (kTraceFields)
 CASES = (("dsd", 128, 0.5), ("dsd", 128, 0.25), ("dsd", 128, 0.1), ("dsd", 128, 1.0), ("dsd", 64, 0.5),
          ("dsd", 64, 0.25), ("dds", 128, 0.5))
+if os.environ.get("TRACE_CASES"):  # e.g. "dsd:128:0.25,dsd:64:0.5"
+    CASES = tuple((op, int(b), float(d)) for op, b, d in (c.split(":") for c in os.environ["TRACE_CASES"].split(",")))
 LAUNCHES = 2  # traced launches per case, each summarised
 
 
@@ -96,6 +98,7 @@ def summarize(trace, sms):
     # tile, its index chain (tile -> lines -> offsets -> keys) ends, its first stage is armed (slot free) and the
     # activation load issued; warp 1's chain ends and its first W load is issued; the first stage's load latency.
     take, chain0, slot0, issue0, ready1, issue1, latency = [], [], [], [], [], [], []
+    free0, free1 = [], []  # when the consumers freed the slots of the next tile's first two stages
     last_stages, last_len = [], []
     for tiles in ctas:
         for n, (c0, c1) in enumerate(tiles):
@@ -123,6 +126,9 @@ def summarize(trace, sms):
                     ready1.append(pr[12] - done)
                     issue1.append(pr[13] - done)
                     latency.append(max(nxt[0][2], nxt[1][2]) - max(pr[11], pr[13]))
+                    if c0[14] and c1[14]:
+                        free0.append(max(c0[14], c1[14]) - done)
+                        free1.append(max(c0[15], c1[15]) - done)
         c0, c1 = tiles[-1]
         last_stages.append(c0[5])
         last_len.append((max(c0[4], c1[4]) - c0[1]) / 1e3)
@@ -144,7 +150,9 @@ def summarize(trace, sms):
             f"slot wait {med(slot0)} ({pct(slot0, 0.1):.0f} / {pct(slot0, 0.9):.0f}), first activation load issued "
             f"{med(issue0)} ({pct(issue0, 0.1):.0f} / {pct(issue0, 0.9):.0f}); warp 1 ready {med(ready1)}, first W "
             f"load issued {med(issue1)} ({pct(issue1, 0.1):.0f} / {pct(issue1, 0.9):.0f}); first stage issue -> "
-            f"data {med(latency)} ({pct(latency, 0.1):.0f} / {pct(latency, 0.9):.0f})\n"
+            f"data {med(latency)} ({pct(latency, 0.1):.0f} / {pct(latency, 0.9):.0f}); the slots of the next "
+            f"tile's first two stages freed {med(free0)} ({pct(free0, 0.1):.0f} / {pct(free0, 0.9):.0f}) and "
+            f"{med(free1)} ({pct(free1, 0.1):.0f} / {pct(free1, 0.9):.0f})\n"
             f"    last tile per CTA: stages median {statistics.median(last_stages)} (min {min(last_stages)}, "
             f"max {max(last_stages)}), length median {statistics.median(last_len):.1f} us (max {max(last_len):.1f})")
 
