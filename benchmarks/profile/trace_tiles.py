@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from pytorch_block_sparse_ng import BlockSparseMatrix, _C  # noqa: E402
 
-TRACE_TILES, FIELDS = 64, 16  # kTraceTiles and the stamps per tile and consumer in the patch (kTraceFields)
+TRACE_TILES, FIELDS = 64, 20  # kTraceTiles and the stamps per tile and consumer in the patch (kTraceFields)
 CASES = (("dsd", 128, 0.5), ("dsd", 128, 0.25), ("dsd", 128, 0.1), ("dsd", 128, 1.0), ("dsd", 64, 0.5),
          ("dsd", 64, 0.25), ("dds", 128, 0.5))
 if os.environ.get("TRACE_CASES"):  # e.g. "dsd:128:0.25,dsd:64:0.5"
@@ -99,6 +99,7 @@ def summarize(trace, sms):
     # activation load issued; warp 1's chain ends and its first W load is issued; the first stage's load latency.
     take, chain0, slot0, issue0, ready1, issue1, latency = [], [], [], [], [], [], []
     free0, free1 = [], []  # when the consumers freed the slots of the next tile's first two stages
+    steps = [[], [], [], []]  # blocks of 128, warp 0's chain: queue slot, line, offsets, keys window (ns after taking)
     last_stages, last_len = [], []
     for tiles in ctas:
         for n, (c0, c1) in enumerate(tiles):
@@ -126,6 +127,9 @@ def summarize(trace, sms):
                     ready1.append(pr[12] - done)
                     issue1.append(pr[13] - done)
                     latency.append(max(nxt[0][2], nxt[1][2]) - max(pr[11], pr[13]))
+                    if all(pr[16:20]):
+                        for i in range(4):
+                            steps[i].append(pr[16 + i] - (pr[9] if i == 0 else pr[15 + i]))
                     if c0[14] and c1[14]:
                         free0.append(max(c0[14], c1[14]) - done)
                         free1.append(max(c0[15], c1[15]) - done)
@@ -152,7 +156,9 @@ def summarize(trace, sms):
             f"load issued {med(issue1)} ({pct(issue1, 0.1):.0f} / {pct(issue1, 0.9):.0f}); first stage issue -> "
             f"data {med(latency)} ({pct(latency, 0.1):.0f} / {pct(latency, 0.9):.0f}); the slots of the next "
             f"tile's first two stages freed {med(free0)} ({pct(free0, 0.1):.0f} / {pct(free0, 0.9):.0f}) and "
-            f"{med(free1)} ({pct(free1, 0.1):.0f} / {pct(free1, 0.9):.0f})\n"
+            f"{med(free1)} ({pct(free1, 0.1):.0f} / {pct(free1, 0.9):.0f})"
+            + (f"; warp 0's chain, median ns per step: queue slot {med(steps[0])}, order {med(steps[1])}, offsets "
+               f"{med(steps[2])}, keys window {med(steps[3])}" if steps[0] else "") + "\n"
             f"    last tile per CTA: stages median {statistics.median(last_stages)} (min {min(last_stages)}, "
             f"max {max(last_stages)}), length median {statistics.median(last_len):.1f} us (max {max(last_len):.1f})")
 
