@@ -857,8 +857,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "quads x column pairs; returns the previous mode",
         pybind11::arg("mode"));
   m.def("set_hopper_b32_pair_boxes", &pbsng::set_hopper_b32_pair_boxes,
-        "TMA boxes of two blocks in the block-32 Hopper dsd / dds (experiment): 1 a line's two W blocks, 2 two "
-        "columns' activation tiles, 3 both, 0 neither (default); returns the previous value",
+        "TMA boxes of two blocks in the block-32 Hopper dsd / dds: -1 auto (default: activation pairs, both kinds "
+        "from density 2/3), 0 neither, 1 a line's two W blocks, 2 two columns' activation tiles, 3 both; returns the "
+        "previous value",
         pybind11::arg("bits"));
   m.def("set_hopper_b32_columns", &pbsng::set_hopper_b32_columns,
         "block columns per pipeline stage of the block-32 Hopper dsd / dds: -1 auto (default), 1 or 2; returns the "

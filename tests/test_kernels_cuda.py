@@ -381,9 +381,9 @@ B32_CASES += [Case(300, i, o, 1.0, 32, torch.bfloat16) for (i, o) in ((32, 416),
 # line-major W slots; 2: activation pairs only, column-major W slots; 1: W pairs only; the default takes 2 or 3 by
 # density).
 @pytest.mark.parametrize("columns, dds_copy, pair_boxes", ((1, 1, 0), (2, 1, 0), (2, 1, 3), (2, 1, 2), (2, 1, 1),
-                                                           (1, 0, 0), (2, 0, 0), (2, 0, 3), (2, 0, 2)),
+                                                           (1, 0, 0), (2, 0, 0), (2, 0, 3), (2, 0, 2), (2, 0, 1)),
                          ids=("cols1", "cols2", "cols2-pairs", "cols2-act_pairs", "cols2-w_pairs", "cols1-mn_dds",
-                              "cols2-mn_dds", "cols2-pairs-mn_dds", "cols2-act_pairs-mn_dds"))
+                              "cols2-mn_dds", "cols2-pairs-mn_dds", "cols2-act_pairs-mn_dds", "cols2-w_pairs-mn_dds"))
 @pytest.mark.parametrize("case", B32_CASES, ids=case_id)
 def test_hopper_blocks_of_32(case, columns, dds_copy, pair_boxes):
     from pytorch_block_sparse_ng import _C, _ops

@@ -28,7 +28,7 @@
 // held two of them (wait<1>); since a two-column stage is released as soon as its own wgmma are done, and the
 // output tiles take 2 lines per round so that a fourth stage fits (session 29), two columns are faster than one at
 // every density, and the binding takes them (b32_columns in bindings.cpp).
-// Two blocks per TMA box (session 33): a box costs the SM's TMA unit a fixed ~150 clocks besides its bytes (a
+// Two blocks per TMA box (session 33): a box costs the SM's TMA unit a fixed ~160 clocks besides its bytes (a
 // contiguous 4 KB box ~1.07x a 2 KB one; benchmarks/profile/tma_row_rate.cu), and a two-column stage issued up to 2
 // activation and 16 W boxes of 8 / 2 KB. Now a line that has both columns (its two blocks are then adjacent in
 // `data`) gets one box of two blocks (W slots line-major), and two adjacent columns' activation tiles one 3-D box
