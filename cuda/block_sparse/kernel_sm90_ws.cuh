@@ -756,24 +756,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
 }
 
 // Host side: tensor maps through the driver entry point (no link against libcuda).
-inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+// The driver's cuTensorMapEncodeTiled, looked up once; the lookup's error if it fails.
+inline cudaError_t tensor_map_encoder(PFN_cuTensorMapEncodeTiled_v12000* out) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult status;
     cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
                                                        &status);
-    if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || fn == nullptr) return nullptr;
+    if (err != cudaSuccess) return err;
+    if (status != cudaDriverEntryPointSuccess || fn == nullptr) return cudaErrorNotSupported;
     encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }
-  return encode;
+  *out = encode;
+  return cudaSuccess;
 }
 
 inline cudaError_t encode_2d_map(CUtensorMap* map, CUtensorMapDataType dtype, const void* ptr, uint64_t inner,
                                  uint64_t outer, uint32_t box_inner, uint32_t box_outer, uint64_t elem_bytes = 2,
                                  CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return cudaErrorNotSupported;
+  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  const cudaError_t lookup = tensor_map_encoder(&encode);
+  if (lookup != cudaSuccess) return lookup;
   const cuuint64_t dims[2] = {inner, outer};
   const cuuint64_t strides[1] = {inner * elem_bytes};  // bytes
   const cuuint32_t box[2] = {box_inner, box_outer};
@@ -787,8 +791,9 @@ inline cudaError_t encode_2d_map(CUtensorMap* map, CUtensorMapDataType dtype, co
 // A 3-D map: dims[0] contiguous, strides (bytes) of dims 1 and 2 in any order.
 inline cudaError_t encode_3d_map(CUtensorMap* map, CUtensorMapDataType dtype, const void* ptr, const uint64_t dims[3],
                                  const uint64_t strides[2], const uint32_t box[3], CUtensorMapSwizzle swizzle) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return cudaErrorNotSupported;
+  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  const cudaError_t lookup = tensor_map_encoder(&encode);
+  if (lookup != cudaSuccess) return lookup;
   const cuuint64_t d[3] = {dims[0], dims[1], dims[2]};
   const cuuint64_t st[2] = {strides[0], strides[1]};
   const cuuint32_t b[3] = {box[0], box[1], box[2]};
