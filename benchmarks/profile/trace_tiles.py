@@ -10,7 +10,8 @@ The kernel records nothing by default. To trace, apply the profiling patch, rebu
     python benchmarks/profile/trace_tiles.py OUT_DIR      # writes OUT_DIR/tile_trace.txt
     git apply -R benchmarks/profile/ws_tile_trace.patch
 
-The patch applies to the kernels of session 34 (main 461d178; the producer's stamps and the consumers' slot releases added then). (`ws_trace.patch` / `trace_ws.py` are session 8-11's per-stage trace,
+The patch applies to the kernels of session 34 (main 2225e6a onwards; the producer's stamps, the consumers' slot
+releases and warp 0's chain step by step added then). (`ws_trace.patch` / `trace_ws.py` are session 8-11's per-stage trace,
 written for an older producer.)
 """
 import os
