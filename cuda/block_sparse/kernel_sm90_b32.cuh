@@ -121,17 +121,16 @@ struct Config {
   using Params = cute::conditional_t<kPairs, B32Params, KernelParams>;
   // W slots line-major (slot l * kCols + c) where W pairs may come (a W pair box needs a line's slots adjacent), else
   // column-major (slot c * kLines + l).
-  static constexpr bool kLineMajorW = kPairsW;
   static constexpr int slot_of(int line, int column) {
-    return kLineMajorW ? line * kCols + column : column * kLines + line;
+    return kPairsW ? line * kCols + column : column * kLines + line;
   }
   static constexpr int kActTileBytes = kTokens * BK * int(sizeof(T));  // 8 KB
   static constexpr int kWTileBytes = 32 * BK * int(sizeof(T));         // 2 KB
 
   struct alignas(1024) Stage {
     T act[kCols][kTokens * BK];
-    // Slot slot_of(l, c): line l's block of the stage's column c (loaded if it has one). Line-major, so that a
-    // line's blocks of both columns (adjacent in `data`) can arrive in one TMA box.
+    // Slot slot_of(l, c): line l's block of the stage's column c (loaded if it has one); line-major with W pairs, so
+    // that a line's blocks of both columns (adjacent in `data`) can arrive in one TMA box.
     T w[kLines * kCols][32 * BK];
   };
   struct SharedStorage {
