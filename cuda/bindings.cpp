@@ -408,41 +408,52 @@ bool b32_sdd_hopper_for(int device, int64_t m, int64_t nnz, int64_t n_block_rows
 }
 
 // The block-32 Hopper sdd's tile (kernel_sm90_sdd_b32.cuh, Mode): row pairs of row_order x single columns, row
-// pairs x column pairs (64-feature x boxes), or adjacent row quads x column pairs (each consumer its own row
-// pair's dy^T, both sharing the x tiles). The TMA issues a stage's loads row by row (~1.35 ns per row per SM on an
-// H100, whether 64 or 128 bytes), and the three take 1152 / 640 / 384 rows per stage for the same wgmma work, at
-// the cost of more absent blocks in the tile (a pair's union of single columns, of column pairs, a quad's union of
-// column pairs) and so more CTAs at low density. The CTAs of a pattern are about equally long, so the time is the
-// waves of CTAs times a stage's time: measured on full waves ~1.45 / ~0.9 / ~0.72 us (8192 x 4096 -> 4096). The
+// pairs x column pairs (64-feature x boxes), adjacent row quads x column pairs (each consumer its own row pair's
+// dy^T, both sharing the x tiles), or row pairs x single columns read from a copy of x^T (mode 3). The TMA issues a
+// stage's loads row by row (~1.35 ns per row per SM on an H100, whether 64 or 128 bytes), and the four take 1152 /
+// 640 / 384 / 640 rows per stage for the same wgmma work, at the cost of more absent blocks in the tile (a pair's
+// union of single columns, of column pairs, a quad's union of column pairs) and so more CTAs at low density, and for
+// mode 3 a pass over x (4 bytes per value). The CTAs of a pattern are about equally long, so the time is the waves
+// of CTAs times a stage's time: measured on full waves ~1.45 / ~0.9 / ~0.72 / 1.0-1.15 us (8192 x 4096 -> 4096). The
 // rule picks the mode of least modelled time, with the CTAs estimated for random rows (a pair's union holds a
 // column with probability 1 - (1 - d)^2, a column pair 1 - (1 - d)^4, a quad's 1 - (1 - d)^8). It took the fastest
 // mode, or one within 1 %, in all 15 cells measured (benchmarks/results/ab_sdd_b32_*.txt, call 4: 8192 x 4096 ->
 // 4096, 16384 x 1024 -> 4096, 4096 -> 1024 at M = 4096 from density 0.25, 2048 x 4096 -> 4096), e.g. 8192 x 4096 ->
 // 4096 at density 0.1 / 0.25 / 0.5 / 1.0: single columns 0.200 ms, column pairs 0.354, quads 0.365 / 0.370 (the
-// other modes 0.234-0.793). -1 (default): that rule; 0 / 1 / 2: that mode.
+// other modes 0.234-0.793). Mode 3 (session 35, benchmarks/results/ab_sdd_b32_xt_*.txt) wins where a pair's union
+// of columns fills two waves and the quads' four (density ~0.2-0.3 on 8192 or 2048 x 4096 -> 4096: 0.318 ms at
+// 0.25 against 0.350 for column pairs, the best before), and lost everywhere else measured, where the rule keeps the
+// other modes. -1 (default): that rule; 0 / 1 / 2 / 3: that mode.
 int64_t g_sdd_b32_mode = -1;
 int64_t set_hopper_sdd_b32_mode(int64_t mode) {
-  PBSNG_CHECK_VALUE(mode >= -1 && mode <= 2, "set_hopper_sdd_b32_mode: mode=", mode,
-                    " must be -1 (auto), 0 (row pairs x columns), 1 (row pairs x column pairs) or 2 (row quads x "
-                    "column pairs)");
+  PBSNG_CHECK_VALUE(mode >= -1 && mode <= 3, "set_hopper_sdd_b32_mode: mode=", mode,
+                    " must be -1 (auto), 0 (row pairs x columns), 1 (row pairs x column pairs), 2 (row quads x "
+                    "column pairs) or 3 (row pairs x columns of x^T)");
   return std::exchange(g_sdd_b32_mode, mode);
 }
 
+// The x^T pass of mode 3 (kernel_transpose_blocks.cuh): 128 MB in 49 us on an H100 (8192 x 4096 bf16), ~2.6 TB/s.
+constexpr double kTransposeBytesPerUs = 2.5e6;
 int b32_sdd_mode(int64_t nnz, int64_t n_block_rows, int64_t n_block_cols, int64_t sms) {
   if (g_sdd_b32_mode >= 0) return int(g_sdd_b32_mode);
   const double density = double(nnz) / (double(n_block_rows) * double(n_block_cols));
   const double col_pairs = double((n_block_cols + 1) / 2);
-  struct Tile { double groups, entries, per_cta, stage_us; };  // row groups, union entries per group
-  const Tile tiles[3] = {
-      {double((n_block_rows + 1) / 2), double(n_block_cols) * (1.0 - std::pow(1.0 - density, 2.0)), 16.0, 1.45},
-      {double((n_block_rows + 1) / 2), col_pairs * (1.0 - std::pow(1.0 - density, 4.0)), 8.0, 0.9},
-      {double((n_block_rows + 3) / 4), col_pairs * (1.0 - std::pow(1.0 - density, 8.0)), 4.0, 0.72}};
+  // Per 64-token step: a stage per wave, and for mode 3 the pass that writes x^T (4 bytes per value read and
+  // written, at kTransposeBytesPerUs).
+  struct Tile { double groups, entries, per_cta, stage_us, extra_us; };  // row groups, union entries per group
+  const double pair_columns = double(n_block_cols) * (1.0 - std::pow(1.0 - density, 2.0));
+  const double transpose_us = 4.0 * 64.0 * 32.0 * double(n_block_cols) / kTransposeBytesPerUs;
+  const Tile tiles[4] = {
+      {double((n_block_rows + 1) / 2), pair_columns, 16.0, 1.45, 0.0},
+      {double((n_block_rows + 1) / 2), col_pairs * (1.0 - std::pow(1.0 - density, 4.0)), 8.0, 0.9, 0.0},
+      {double((n_block_rows + 3) / 4), col_pairs * (1.0 - std::pow(1.0 - density, 8.0)), 4.0, 0.72, 0.0},
+      {double((n_block_rows + 1) / 2), pair_columns, 16.0, 1.1, transpose_us}};
   int best = 0;
   double best_time = 0.0;
-  for (int mode = 0; mode < 3; ++mode) {
+  for (int mode = 0; mode < 4; ++mode) {
     const Tile& t = tiles[mode];
     const double ctas = t.groups * std::max(1.0, std::ceil(t.entries / t.per_cta));
-    const double time = std::ceil(ctas / double(sms)) * t.stage_us;
+    const double time = std::ceil(ctas / double(sms)) * t.stage_us + t.extra_us;
     if (mode == 0 || time <= best_time) best = mode, best_time = time;
   }
   return best;
@@ -753,7 +764,16 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
               row_indices.data_ptr<int32_t>(), col_indices.data_ptr<int32_t>(), m, nnz, int(pat.n_block_rows),
               int(pat.n_block_cols), block, int(splits)};
   p.row_order = row_order.data_ptr<int32_t>();
-  if (hopper && block == 32) p.b32_mode = b32_sdd_mode(nnz, pat.n_block_rows, pat.n_block_cols, sms);
+  at::Tensor x_t;
+  if (hopper && block == 32) {
+    p.b32_mode = b32_sdd_mode(nnz, pat.n_block_rows, pat.n_block_cols, sms);
+    if (p.b32_mode == 3) {  // a workspace for x^T (K, M), rows padded to 8 tokens (16-byte TMA strides)
+      const int64_t row = (m + 7) / 8 * 8;
+      x_t = at::empty({k, row}, x.options());
+      p.x_t = x_t.data_ptr();
+      p.x_t_row = row;
+    }
+  }
   if (split_pieces) {
     pieces = at::empty({sdd_sm90_piece_floats(split_items * splits)}, dy.options().dtype(at::kFloat));
     // The piece that finishes an item last zeroes its counter again (kernel_sm90_sdd.cuh).

@@ -141,8 +141,9 @@ def set_hopper_sdd_b32_mode(mode: int) -> int:
     """The block-32 Hopper sdd's tile: -1 (default) by density (bindings.cpp, b32_sdd_mode); 0: a row pair x 16
     single columns of its union (32-feature x boxes: fewer CTAs and no absent columns loaded at low density); 1: a
     row pair x 8 column pairs (64-feature boxes: half the TMA rows per stage); 2: four adjacent rows x 4 column
-    pairs of their union (each consumer its row pair, the x tiles shared: a third of the rows of mode 0). Returns the
-    previous mode."""
+    pairs of their union (each consumer its row pair, the x tiles shared: a third of the rows of mode 0); 3: mode 0
+    with the x tiles from a transposed copy of x (32 rows of 128 bytes per column instead of 64 of 64; the copy, the
+    size of x, lives for the call). Returns the previous mode."""
     return int(_C.set_hopper_sdd_b32_mode(int(mode)))
 
 

@@ -460,8 +460,9 @@ def _b32_pair_mask():
 @pytest.mark.parametrize("m", [1, 100, 1000], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t)[6:])
 def test_hopper_sdd_blocks_of_32_pairs(m, dtype):
-    """The block-32 Hopper sdd takes the rows in pairs of row_order (modes 0 and 1) or in adjacent quads (mode 2:
-    row order does not matter) and the union of their columns (single columns or column pairs) in chunks: every
+    """The block-32 Hopper sdd takes the rows in pairs of row_order (modes 0, 1 and 3) or in adjacent quads (mode 2:
+    row order does not matter) and the union of their columns (single columns or column pairs; mode 3 reads them
+    from a copy of x^T whose rows are padded to 8 tokens, so M = 1 and 100 test the padding) in chunks: every
     pairing of a pattern with full, empty, disjoint, equal and lone rows (the pairs in
     order, reversed, and two random permutations), with and without the bias sum, against the reference; four
     calls in a row, the last on another stream, each output landing in a freed NaN-filled block of its size
@@ -486,7 +487,7 @@ def test_hopper_sdd_blocks_of_32_pairs(m, dtype):
     previous_b32 = _ops.set_hopper_blocks_of_32(1)
     previous_mode = _ops.set_hopper_sdd_b32_mode(0)
     try:
-        for mode, order in itertools.product((0, 1, 2), orders):
+        for mode, order in itertools.product((0, 1, 2, 3), orders):
             _ops.set_hopper_sdd_b32_mode(mode)
             index = list(w.indices())
             index[6] = order.to(device="cuda", dtype=torch.int32)  # row_order
@@ -1263,5 +1264,5 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
         _ops.set_hopper_b32_dds_copy(2)
     assert _ops.set_hopper_sdd_b32_mode(2) == -1
     assert _ops.set_hopper_sdd_b32_mode(-1) == 2
-    with pytest.raises(ValueError, match=r"mode=3 must be -1 \(auto\), 0 \(row pairs x columns\)"):
-        _ops.set_hopper_sdd_b32_mode(3)
+    with pytest.raises(ValueError, match=r"mode=4 must be -1 \(auto\), 0 \(row pairs x columns\)"):
+        _ops.set_hopper_sdd_b32_mode(4)

@@ -5,18 +5,21 @@
 // Why its own kernel: tokens are the reduction, so the wgmma M (64) and N must both be features, and a block row
 // of 32 fills only half an M. Here a consumer's M is the 64 features of two block rows, its N 8 block columns
 // (256 features) of the union of its CTA's rows' lists, K the tokens (64 per stage); a union column that a row
-// lacks costs that row's part of the tile (not stored). Three tiles (Mode, below; the host picks by a model of
+// lacks costs that row's part of the tile (not stored). Four tiles (Mode, below; the host picks by a model of
 // waves x stage time, bindings.cpp b32_sdd_mode):
 //   kColumns / kColumnPairs: a row pair of row_order (layout.pair_order puts rows that share many columns side by
 //     side), both consumers sharing its dy^T tile, each with its own 8 columns: as single columns (x boxes of 32
 //     features, 64-byte rows) or column pairs (2c, 2c + 1: boxes of 64 features, 128-byte rows);
 //   kQuads: four adjacent rows, consumer h taking rows 4q + 2h and 4q + 2h + 1 (one 64-feature dy^T box), both
-//     sharing the x tiles of 4 column pairs of the quad's union.
+//     sharing the x tiles of 4 column pairs of the quad's union;
+//   kColumnsT: kColumns' tile with the x tiles read from x^T (K, M), a copy the host makes: a column's box is 32
+//     rows of 128 bytes (64 tokens) instead of 64 rows of 64 bytes, and it is wgmma's B K-major.
 // The TMA issues a stage's loads row by row, ~1.35 ns per row per SM on an H100 whether the rows carry 64 or 128
-// bytes (single columns, and the block-64 sdd), and the three tiles take 1152 / 640 / 384 rows per stage for the
-// same 2 x 64 x 256 x 64 MAC: ~1.45 / ~0.9 / ~0.72 us per stage measured on full waves, at the cost of more
-// absent blocks per tile (at density 0.1 single columns make a wave of CTAs on 8192 x 4096 -> 4096, quads three;
-// benchmarks/results/ab_sdd_b32_*.txt). The SM80 sdd they replace ran at ~90 TFLOP/s.
+// bytes (single columns, and the block-64 sdd), and the four tiles take 1152 / 640 / 384 / 640 rows per stage for
+// the same 2 x 64 x 256 x 64 MAC: ~1.45 / ~0.9 / ~0.72 / 1.0-1.15 us per stage measured on full waves, at the cost
+// of more absent blocks per tile (at density 0.1 single columns make a wave of CTAs on 8192 x 4096 -> 4096, quads
+// three; benchmarks/results/ab_sdd_b32_*.txt) and, for kColumnsT, a pass over x (~49 us at 8192 x 4096; the launcher
+// runs it, kernel_transpose_blocks.cuh). The SM80 sdd they replace ran at ~90 TFLOP/s.
 //
 // One CTA: row group g (blockIdx.x: a pair or a quad) and chunk y (blockIdx.y) of its union's entries (16 columns,
 // 8 or 4 column pairs). The chunk is found at the CTA's start: the rows' column -> block maps in the (not yet
@@ -37,7 +40,16 @@ namespace pbsng {
 namespace sm90sddb32 {
 
 // A CTA's tile (see the top): row pairs x single columns, row pairs x column pairs, row quads x column pairs.
-enum Mode : int { kColumns = 0, kColumnPairs = 1, kQuads = 2 };
+enum Mode : int { kColumns = 0, kColumnPairs = 1, kQuads = 2, kColumnsT = 3 };
+
+// A MN-major (dy^T), B K-major (x^T tiles: tokens contiguous).
+template <class T> struct GmmaAtomKB;
+template <> struct GmmaAtomKB<cute::half_t> {
+  using type = cute::SM90_64x256x16_F32F16F16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::K>;
+};
+template <> struct GmmaAtomKB<cute::bfloat16_t> {
+  using type = cute::SM90_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::K>;
+};
 
 template <class T_, int Mode_>
 struct Config {
@@ -45,8 +57,10 @@ struct Config {
   static constexpr int Block = 32;
   static constexpr int BK = 64;  // tokens per stage
   static constexpr bool kQuads = Mode_ == Mode::kQuads;
+  static constexpr bool kTransposedX = Mode_ == Mode::kColumnsT;  // x tiles from x^T
   static constexpr int kRows = kQuads ? 4 : 2;                 // block rows per CTA
-  static constexpr int kEntryCols = Mode_ == Mode::kColumns ? 1 : 2;  // block columns per union entry (one x box)
+  static constexpr int kEntryCols = Mode_ == Mode::kColumns || kTransposedX ? 1 : 2;  // block columns per union entry
+                                                                                         // (one x box)
   static constexpr int kChunkCols = kQuads ? 8 : 16;           // block columns per CTA
   static constexpr int kColsPerConsumer = 8;                   // N = 8 x 32
   static constexpr int kChunk = kChunkCols / kEntryCols;       // union entries per CTA
@@ -62,11 +76,15 @@ struct Config {
                                                                        cute::GMMA::Layout_MN_SW64_Atom<T>>{},
                                                    cute::make_shape(cute::Int<64>{}, cute::Int<BK>{}),
                                                    cute::Step<cute::_2, cute::_1>{}));
-  using SmemLayoutB = decltype(cute::tile_to_shape(cute::conditional_t<kEntryCols == 2, cute::GMMA::Layout_MN_SW128_Atom<T>,
-                                                                       cute::GMMA::Layout_MN_SW64_Atom<T>>{},
-                                                   cute::make_shape(cute::Int<256>{}, cute::Int<BK>{}),
-                                                   cute::Step<cute::_2, cute::_1>{}));
-  using TiledMma = decltype(cute::make_tiled_mma(typename sm90sdd::GmmaAtom<T>::type{}));
+  using SmemLayoutBMN = decltype(cute::tile_to_shape(
+      cute::conditional_t<kEntryCols == 2, cute::GMMA::Layout_MN_SW128_Atom<T>, cute::GMMA::Layout_MN_SW64_Atom<T>>{},
+      cute::make_shape(cute::Int<256>{}, cute::Int<BK>{}), cute::Step<cute::_2, cute::_1>{}));
+  // kTransposedX: K-major 8 x 64 atoms stacked along the features, so a column's 32 rows are one contiguous box.
+  using SmemLayoutBK = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<T>{},
+                                                    cute::make_shape(cute::Int<256>{}, cute::Int<BK>{})));
+  using SmemLayoutB = cute::conditional_t<kTransposedX, SmemLayoutBK, SmemLayoutBMN>;
+  using TiledMma = decltype(cute::make_tiled_mma(
+      cute::conditional_t<kTransposedX, typename GmmaAtomKB<T>::type, typename sm90sdd::GmmaAtom<T>::type>{}));
   using SumMma = decltype(cute::make_tiled_mma(typename sm90sdd::GmmaSumAtom<T>::type{}));
   using SmemLayoutOnes = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_INTER_Atom<T>{},
                                                       cute::make_shape(cute::Int<8>{}, cute::Int<BK>{})));
@@ -104,7 +122,8 @@ struct Config {
 
 struct KernelParams {
   CUtensorMap dy_map;   // (M, N), box 64 tokens x kAFeatures, 64- / 128-byte swizzle
-  CUtensorMap x_map;    // (M, K), box 64 tokens x an entry's features (32 / 64), 64- / 128-byte swizzle
+  CUtensorMap x_map;    // (M, K), box 64 tokens x an entry's features (32 / 64), 64- / 128-byte swizzle; kTransposedX:
+                        // x^T (K, M), box 32 features x 64 tokens, 128-byte swizzle
   CUtensorMap out_map;  // [nnz, 32, 32] as (nnz * 32 rows, 32), box 32 x 32
   const int32_t* row_offsets;
   const int32_t* col_indices;
@@ -265,6 +284,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_b32_kernel(const __grid_
       }
       const int a_boxes = Cfg::kQuads ? (second_pair ? 2 : 1) : (rows[1] >= 0 ? 2 : 1);
       const int bytes = count * Cfg::kBBoxBytes + a_boxes * Cfg::kABoxBytes;
+      const bool tokens_inner = Cfg::kTransposedX && lane < C;  // x^T: tokens are the map's inner coordinate
       for (int it = 0; it < n_steps; ++it) {
         const int s = it % S;
         if (lane == 0) {
@@ -273,7 +293,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_b32_kernel(const __grid_
         }
         __syncwarp();
         if (loads) {
-          sm90ws::tma_load_2d(reinterpret_cast<T*>(&sh.stages[s]) + offset, map, &sh.full[s], feature, it * BK);
+          sm90ws::tma_load_2d(reinterpret_cast<T*>(&sh.stages[s]) + offset, map, &sh.full[s],
+                              tokens_inner ? it * BK : feature, tokens_inner ? feature : it * BK);
         }
       }
     }
@@ -300,7 +321,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_b32_kernel(const __grid_
 template <class Cfg>
 cudaError_t launch(const SddParams& sp, cudaStream_t stream) {
   if (sp.nnz < 1 || sp.m < 1 || sp.splits != 1 || (!Cfg::kQuads && sp.row_order == nullptr) || sp.out_f32 != nullptr ||
-      sp.n_block_cols > kSddB32MaxBlockCols) {
+      sp.n_block_cols > kSddB32MaxBlockCols || (Cfg::kTransposedX && (sp.x_t == nullptr || sp.x_t_row < sp.m))) {
     return cudaErrorInvalidValue;
   }
   const CUtensorMapDataType dtype = std::is_same<typename Cfg::T, cute::half_t>::value
@@ -313,9 +334,12 @@ cudaError_t launch(const SddParams& sp, cudaStream_t stream) {
                                           Cfg::kQuads ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
   if (err != cudaSuccess) return err;
   // Column pairs: the last of an odd count reads past K, which the TMA fills with zeros (never stored).
-  err = sm90ws::encode_2d_map(&p.x_map, dtype, sp.x, uint64_t(sp.n_block_cols) * 32, uint64_t(sp.m),
-                              32 * Cfg::kEntryCols, Cfg::BK, 2,
-                              Cfg::kEntryCols == 2 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
+  err = Cfg::kTransposedX
+            ? sm90ws::encode_2d_map(&p.x_map, dtype, sp.x_t, uint64_t(sp.m), uint64_t(sp.n_block_cols) * 32, Cfg::BK,
+                                    32, 2, CU_TENSOR_MAP_SWIZZLE_128B, uint64_t(sp.x_t_row))
+            : sm90ws::encode_2d_map(&p.x_map, dtype, sp.x, uint64_t(sp.n_block_cols) * 32, uint64_t(sp.m),
+                                    32 * Cfg::kEntryCols, Cfg::BK, 2,
+                                    Cfg::kEntryCols == 2 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
   if (err != cudaSuccess) return err;
   err = sm90ws::encode_2d_map(&p.out_map, dtype, sp.out, 32, uint64_t(sp.nnz) * 32, 32, 32, 2,
                               CU_TENSOR_MAP_SWIZZLE_64B);

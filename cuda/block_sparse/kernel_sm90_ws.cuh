@@ -772,14 +772,15 @@ inline cudaError_t tensor_map_encoder(PFN_cuTensorMapEncodeTiled_v12000* out) {
   return cudaSuccess;
 }
 
+// row_elems: elements from one outer index to the next (0: inner, a contiguous matrix).
 inline cudaError_t encode_2d_map(CUtensorMap* map, CUtensorMapDataType dtype, const void* ptr, uint64_t inner,
                                  uint64_t outer, uint32_t box_inner, uint32_t box_outer, uint64_t elem_bytes = 2,
-                                 CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
+                                 CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B, uint64_t row_elems = 0) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   const cudaError_t lookup = tensor_map_encoder(&encode);
   if (lookup != cudaSuccess) return lookup;
   const cuuint64_t dims[2] = {inner, outer};
-  const cuuint64_t strides[1] = {inner * elem_bytes};  // bytes
+  const cuuint64_t strides[1] = {(row_elems != 0 ? row_elems : inner) * elem_bytes};  // bytes
   const cuuint32_t box[2] = {box_inner, box_outer};
   const cuuint32_t elem_strides[2] = {1, 1};
   CUresult res = encode(map, dtype, 2, const_cast<void*>(ptr), dims, strides, box, elem_strides,

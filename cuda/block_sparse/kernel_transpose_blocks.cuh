@@ -10,6 +10,11 @@
 // One warp per block: 16-byte coalesced loads of the source rows, the block through shared memory (rows of 17
 // words, so that a column's 8 values read by the lanes of a quarter warp fall in different banks), 16-byte
 // coalesced stores of the transposed rows. Plain CUDA: runs on every arch the extension builds for.
+//
+// transpose_matrix: x^T (K, row) from x (M, K) by the same 32 x 32 warp tiles, for the block-32 Hopper sdd's mode 3
+// (kernel_sm90_sdd_b32.cuh, kColumnsT), whose x tiles then load in 128-byte rows. PyTorch's transposing copy
+// (x.t().contiguous(), copy_ into a transposed view) moved 0.47 TB/s on an H100 (0.28 ms for 8192 x 4096 bf16;
+// benchmarks/results/ab_sdd_b32_xt_*.txt), a quarter of what the pass needs to pay.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,21 +28,20 @@ constexpr int kBlock = 32;
 constexpr int kWarps = 8;        // blocks per CTA
 constexpr int kPitchWords = 17;  // a staged row: 16 words of data + 1 of padding
 
-template <class Tag>  // Tag: the element type (only its size is used), so that each dtype's TU has its own symbol
-__global__ void __launch_bounds__(32 * kWarps) transpose_kernel(const uint16_t* __restrict__ data,
-                                                                const int32_t* __restrict__ perm, int64_t nnz,
-                                                                uint16_t* __restrict__ out) {
-  __shared__ uint32_t tile[kWarps][kBlock * kPitchWords];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t i = int64_t(blockIdx.x) * kWarps + warp;
-  if (i >= nnz) return;  // whole warps: no block-wide barrier below
-  const uint4* src = reinterpret_cast<const uint4*>(data + int64_t(__ldg(perm + i)) * kBlock * kBlock);
-  uint4* dst = reinterpret_cast<uint4*>(out + i * kBlock * kBlock);
-  uint32_t* t = tile[warp];
-  // A block is 128 chunks of 8 values (16 bytes), 4 per row; lane takes chunks lane + 32 q.
+// One warp: the 32 x 32 tile whose row r (32 values, 16-byte aligned) starts at src + r x src_pitch, rows r >=
+// rows_valid read as zeros, into rows c at dst + c x dst_pitch, each written for its values r < rows_stored (a
+// multiple of 8).
+__device__ __forceinline__ void transpose_tile(const uint16_t* __restrict__ src, int64_t src_pitch, int rows_valid,
+                                               uint16_t* __restrict__ dst, int64_t dst_pitch, int rows_stored,
+                                               uint32_t* t, int lane) {
+  // A tile is 128 chunks of 8 values (16 bytes), 4 per row; lane takes chunks lane + 32 q.
   uint4 v[4];
 #pragma unroll
-  for (int q = 0; q < 4; ++q) v[q] = __ldg(src + lane + 32 * q);
+  for (int q = 0; q < 4; ++q) {
+    const int chunk = lane + 32 * q, row = chunk / 4;
+    v[q] = row < rows_valid ? __ldg(reinterpret_cast<const uint4*>(src + row * src_pitch) + chunk % 4)
+                            : make_uint4(0, 0, 0, 0);
+  }
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const int chunk = lane + 32 * q, row = chunk / 4, word = (chunk % 4) * 4;
@@ -59,8 +63,34 @@ __global__ void __launch_bounds__(32 * kWarps) transpose_kernel(const uint16_t* 
       const uint32_t hi = t16[(r0 + 2 * j + 1) * 2 * kPitchWords + c];
       w[j] = lo | (hi << 16);
     }
-    dst[chunk] = make_uint4(w[0], w[1], w[2], w[3]);
+    if (r0 < rows_stored) reinterpret_cast<uint4*>(dst + c * dst_pitch)[chunk % 4] = make_uint4(w[0], w[1], w[2], w[3]);
   }
+}
+
+template <class Tag>  // Tag: the element type (only its size is used), so that each dtype's TU has its own symbol
+__global__ void __launch_bounds__(32 * kWarps) transpose_kernel(const uint16_t* __restrict__ data,
+                                                                const int32_t* __restrict__ perm, int64_t nnz,
+                                                                uint16_t* __restrict__ out) {
+  __shared__ uint32_t tile[kWarps][kBlock * kPitchWords];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t i = int64_t(blockIdx.x) * kWarps + warp;
+  if (i >= nnz) return;  // whole warps: no block-wide barrier below
+  transpose_tile(data + int64_t(__ldg(perm + i)) * kBlock * kBlock, kBlock, kBlock, out + i * kBlock * kBlock,
+                 kBlock, kBlock, tile[warp], lane);
+}
+
+// A CTA: 256 rows of x (its warps' 32 each) x 32 columns, so that it writes 512 contiguous bytes of each x^T row.
+template <class Tag>
+__global__ void __launch_bounds__(32 * kWarps) transpose_matrix_kernel(const uint16_t* __restrict__ x, int64_t m,
+                                                                       int64_t k, uint16_t* __restrict__ x_t,
+                                                                       int64_t row) {
+  __shared__ uint32_t tile[kWarps][kBlock * kPitchWords];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r0 = (int64_t(blockIdx.x) * kWarps + warp) * kBlock, c0 = int64_t(blockIdx.y) * kBlock;
+  if (r0 >= m) return;  // whole warps
+  const int rows_valid = int(m - r0 < kBlock ? m - r0 : kBlock);
+  transpose_tile(x + r0 * k + c0, k, rows_valid, x_t + c0 * row + r0, row, (rows_valid + 7) / 8 * 8, tile[warp],
+                 lane);
 }
 
 // data [nnz_data, 32, 32], perm [nnz] (indices into data), out [nnz, 32, 32]; 16-byte aligned pointers.
@@ -71,6 +101,19 @@ cudaError_t launch(const void* data, const int32_t* perm, int64_t nnz, void* out
   if (ctas > INT32_MAX) return cudaErrorInvalidValue;
   transpose_kernel<Tag><<<unsigned(ctas), 32 * kWarps, 0, stream>>>(static_cast<const uint16_t*>(data), perm, nnz,
                                                                     static_cast<uint16_t*>(out));
+  return cudaGetLastError();
+}
+
+// x (m, k) -> x_t (k, row): row >= m, k and row multiples of 8 (k of 32), 16-byte aligned pointers; x_t's values
+// past m up to the next multiple of 8 are written as zeros, the rest of each row is left as it is.
+template <class Tag>
+cudaError_t launch_matrix(const void* x, int64_t m, int64_t k, void* x_t, int64_t row, cudaStream_t stream) {
+  if (m == 0 || k == 0) return cudaSuccess;
+  if (k % kBlock != 0 || row % 8 != 0 || row < m) return cudaErrorInvalidValue;
+  const int64_t row_ctas = (m + kWarps * kBlock - 1) / (kWarps * kBlock), col_ctas = k / kBlock;
+  if (row_ctas > INT32_MAX || col_ctas > 65535) return cudaErrorInvalidValue;
+  transpose_matrix_kernel<Tag><<<dim3(unsigned(row_ctas), unsigned(col_ctas)), 32 * kWarps, 0, stream>>>(
+      static_cast<const uint16_t*>(x), m, k, static_cast<uint16_t*>(x_t), row);
   return cudaGetLastError();
 }
 

@@ -96,9 +96,13 @@ struct SddParams {
   float* tail_ws = nullptr;
   int* tail_counters = nullptr;
   // Hopper sdd, blocks of 32 (kernel_sm90_sdd_b32.cuh), splits == 1: the tile's mode (sm90sddb32::Mode: 0 row pairs
-  // of row_order x single columns, 1 row pairs x column pairs, 2 adjacent row quads x column pairs).
+  // of row_order x single columns, 1 row pairs x column pairs, 2 adjacent row quads x column pairs, 3 mode 0 on x^T).
   const int32_t* row_order = nullptr;
   int b32_mode = 1;
+  // Mode 3 (kColumnsT): a workspace for x^T (K, M) with rows of x_t_row >= M elements (a multiple of 8: 16-byte TMA
+  // strides), which the launcher fills (kernel_transpose_blocks.cuh) before the sdd.
+  void* x_t = nullptr;
+  int64_t x_t_row = 0;
 };
 
 // Launchers: one translation unit per product and dtype (dsd_f16.cu, dsd_bf16.cu, ...) specializes each.

@@ -74,6 +74,12 @@
           case sm90sddb32::kColumnPairs:                                                                   \
             return sm90sddb32::launch<sm90sddb32::Config<T, sm90sddb32::kColumnPairs>>(p, stream);         \
           case sm90sddb32::kQuads: return sm90sddb32::launch<sm90sddb32::Config<T, sm90sddb32::kQuads>>(p, stream); \
+          case sm90sddb32::kColumnsT: { /* x^T first (kernel_transpose_blocks.cuh) */                     \
+            const cudaError_t err = transpose_blocks::launch_matrix<T>(p.x, p.m, int64_t(p.n_block_cols) * 32, \
+                                                                       p.x_t, p.x_t_row, stream);          \
+            if (err != cudaSuccess) return err;                                                            \
+            return sm90sddb32::launch<sm90sddb32::Config<T, sm90sddb32::kColumnsT>>(p, stream);            \
+          }                                                                                                \
           default: return cudaErrorInvalidValue;                                                           \
         }                                                                                                  \
       case 64: return sm90sdd::launch_config<sm90sdd::Config<T, 64>>(p, stream);                          \
