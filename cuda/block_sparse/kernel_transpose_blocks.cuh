@@ -30,7 +30,8 @@ constexpr int kPitchWords = 17;  // a staged row: 16 words of data + 1 of paddin
 
 // One warp: the 32 x 32 tile whose row r (32 values, 16-byte aligned) starts at src + r x src_pitch, rows r >=
 // rows_valid read as zeros, into rows c at dst + c x dst_pitch, each written for its values r < rows_stored (a
-// multiple of 8).
+// multiple of 8). kContiguous: a whole 32 x 32 block, both pitches 32 (its addresses need no row arithmetic).
+template <bool kContiguous>
 __device__ __forceinline__ void transpose_tile(const uint16_t* __restrict__ src, int64_t src_pitch, int rows_valid,
                                                uint16_t* __restrict__ dst, int64_t dst_pitch, int rows_stored,
                                                uint32_t* t, int lane) {
@@ -39,8 +40,12 @@ __device__ __forceinline__ void transpose_tile(const uint16_t* __restrict__ src,
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const int chunk = lane + 32 * q, row = chunk / 4;
-    v[q] = row < rows_valid ? __ldg(reinterpret_cast<const uint4*>(src + row * src_pitch) + chunk % 4)
-                            : make_uint4(0, 0, 0, 0);
+    if constexpr (kContiguous) {
+      v[q] = __ldg(reinterpret_cast<const uint4*>(src) + chunk);
+    } else {
+      v[q] = row < rows_valid ? __ldg(reinterpret_cast<const uint4*>(src + row * src_pitch) + chunk % 4)
+                              : make_uint4(0, 0, 0, 0);
+    }
   }
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
@@ -63,7 +68,11 @@ __device__ __forceinline__ void transpose_tile(const uint16_t* __restrict__ src,
       const uint32_t hi = t16[(r0 + 2 * j + 1) * 2 * kPitchWords + c];
       w[j] = lo | (hi << 16);
     }
-    if (r0 < rows_stored) reinterpret_cast<uint4*>(dst + c * dst_pitch)[chunk % 4] = make_uint4(w[0], w[1], w[2], w[3]);
+    if constexpr (kContiguous) {
+      reinterpret_cast<uint4*>(dst)[chunk] = make_uint4(w[0], w[1], w[2], w[3]);
+    } else if (r0 < rows_stored) {
+      reinterpret_cast<uint4*>(dst + c * dst_pitch)[chunk % 4] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
   }
 }
 
@@ -75,8 +84,8 @@ __global__ void __launch_bounds__(32 * kWarps) transpose_kernel(const uint16_t* 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t i = int64_t(blockIdx.x) * kWarps + warp;
   if (i >= nnz) return;  // whole warps: no block-wide barrier below
-  transpose_tile(data + int64_t(__ldg(perm + i)) * kBlock * kBlock, kBlock, kBlock, out + i * kBlock * kBlock,
-                 kBlock, kBlock, tile[warp], lane);
+  transpose_tile<true>(data + int64_t(__ldg(perm + i)) * kBlock * kBlock, kBlock, kBlock, out + i * kBlock * kBlock,
+                       kBlock, kBlock, tile[warp], lane);
 }
 
 // A CTA: 256 rows of x (its warps' 32 each) x 32 columns, so that it writes 512 contiguous bytes of each x^T row.
@@ -89,8 +98,8 @@ __global__ void __launch_bounds__(32 * kWarps) transpose_matrix_kernel(const uin
   const int64_t r0 = (int64_t(blockIdx.x) * kWarps + warp) * kBlock, c0 = int64_t(blockIdx.y) * kBlock;
   if (r0 >= m) return;  // whole warps
   const int rows_valid = int(m - r0 < kBlock ? m - r0 : kBlock);
-  transpose_tile(x + r0 * k + c0, k, rows_valid, x_t + c0 * row + r0, row, (rows_valid + 7) / 8 * 8, tile[warp],
-                 lane);
+  transpose_tile<false>(x + r0 * k + c0, k, rows_valid, x_t + c0 * row + r0, row, (rows_valid + 7) / 8 * 8,
+                        tile[warp], lane);
 }
 
 // data [nnz_data, 32, 32], perm [nnz] (indices into data), out [nnz, 32, 32]; 16-byte aligned pointers.
