@@ -395,7 +395,8 @@ bool b32_dds_copy_for(int64_t nnz, int64_t cells) {
 
 // The Hopper sdd for blocks of 32 (kernel_sm90_sdd_b32.cuh: a CTA per row pair or quad and a chunk of their union,
 // M unsplit). Measured against the SM80 sdd (H100, bf16, with the bias sum; benchmarks/results/ab_sdd_b32_*.txt, with
-// the tile of b32_sdd_mode): 8192 x 4096 -> 4096 1.6x / 2.2x / 4.5x / 8.5x faster at density 0.1 / 0.25 / 0.5 / 1.0;
+// the tile of b32_sdd_mode): 8192 x 4096 -> 4096 1.6x / 2.2x / 4.5x / 8.5x faster at density 0.1 / 0.25 / 0.5 / 1.0
+// (2.5x at 0.25 with mode 3, session 35);
 // faster in every cell measured from 64 rows (calls 3-4 and 9-10: M = 64-16384 on 4096 x 4096, 1024 -> 4096, 4096
 // -> 1024 and 3072 -> 768, densities 0.1-1.0; 1.02-4.3x below 1024 rows, in graphs of 20 calls) but one tie (4096
 // -> 1024 at M = 4096, density 0.1: 0.052 ms against 0.051); at 16 rows 0.87-1.96x. So from 64 rows, whatever
