@@ -12,8 +12,9 @@
 //     features, 64-byte rows) or column pairs (2c, 2c + 1: boxes of 64 features, 128-byte rows);
 //   kQuads: four adjacent rows, consumer h taking rows 4q + 2h and 4q + 2h + 1 (one 64-feature dy^T box), both
 //     sharing the x tiles of 4 column pairs of the quad's union;
-//   kColumnsT: kColumns' tile with the x tiles read from x^T (K, M), a copy the host makes: a column's box is 32
-//     rows of 128 bytes (64 tokens) instead of 64 rows of 64 bytes, and it is wgmma's B K-major.
+//   kColumnsT: kColumns' tile with the x tiles read from x^T (K, M), which the launcher writes first into a
+//     workspace the binding allocates: a column's box is 32 rows of 128 bytes (64 tokens) instead of 64 rows of 64
+//     bytes, and it is wgmma's B K-major.
 // The TMA issues a stage's loads row by row, ~1.35 ns per row per SM on an H100 whether the rows carry 64 or 128
 // bytes (single columns, and the block-64 sdd), and the four tiles take 1152 / 640 / 384 / 640 rows per stage for
 // the same 2 x 64 x 256 x 64 MAC: ~1.45 / ~0.9 / ~0.72 / 1.0-1.15 us per stage measured on full waves, at the cost
@@ -39,7 +40,8 @@
 namespace pbsng {
 namespace sm90sddb32 {
 
-// A CTA's tile (see the top): row pairs x single columns, row pairs x column pairs, row quads x column pairs.
+// A CTA's tile (see the top): row pairs x single columns, row pairs x column pairs, row quads x column pairs, row
+// pairs x single columns of x^T.
 enum Mode : int { kColumns = 0, kColumnPairs = 1, kQuads = 2, kColumnsT = 3 };
 
 // A MN-major (dy^T), B K-major (x^T tiles: tokens contiguous).
@@ -59,8 +61,8 @@ struct Config {
   static constexpr bool kQuads = Mode_ == Mode::kQuads;
   static constexpr bool kTransposedX = Mode_ == Mode::kColumnsT;  // x tiles from x^T
   static constexpr int kRows = kQuads ? 4 : 2;                 // block rows per CTA
-  static constexpr int kEntryCols = Mode_ == Mode::kColumns || kTransposedX ? 1 : 2;  // block columns per union entry
-                                                                                         // (one x box)
+  // Block columns per union entry (one x box).
+  static constexpr int kEntryCols = Mode_ == Mode::kColumns || kTransposedX ? 1 : 2;
   static constexpr int kChunkCols = kQuads ? 8 : 16;           // block columns per CTA
   static constexpr int kColsPerConsumer = 8;                   // N = 8 x 32
   static constexpr int kChunk = kChunkCols / kEntryCols;       // union entries per CTA

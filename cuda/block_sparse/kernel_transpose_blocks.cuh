@@ -118,7 +118,7 @@ cudaError_t launch(const void* data, const int32_t* perm, int64_t nnz, void* out
 template <class Tag>
 cudaError_t launch_matrix(const void* x, int64_t m, int64_t k, void* x_t, int64_t row, cudaStream_t stream) {
   if (m == 0 || k == 0) return cudaSuccess;
-  if (k % kBlock != 0 || row % 8 != 0 || row < m) return cudaErrorInvalidValue;
+  if (x == nullptr || x_t == nullptr || k % kBlock != 0 || row % 8 != 0 || row < m) return cudaErrorInvalidValue;
   const int64_t row_ctas = (m + kWarps * kBlock - 1) / (kWarps * kBlock), col_ctas = k / kBlock;
   if (row_ctas > INT32_MAX || col_ctas > 65535) return cudaErrorInvalidValue;
   transpose_matrix_kernel<Tag><<<dim3(unsigned(row_ctas), unsigned(col_ctas)), 32 * kWarps, 0, stream>>>(
