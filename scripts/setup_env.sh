@@ -5,7 +5,7 @@
 #
 # Environment:
 #   TORCH_SPEC   what pip installs for torch. Default: with nvcc on the PATH, "torch==2.14.1" (a CUDA build, so
-#                that the CUDA extension is compiled: about 8 minutes on 2 cores the first time); without nvcc,
+#                that the CUDA extension is compiled: about 15 minutes on 2 cores the first time); without nvcc,
 #                "torch==2.13.0" (the small CPU build). Both lie on this project's machines' disks.
 #   PYTORCH_BLOCK_SPARSE_NG_BUILD_CUDA   auto (default) / 0 / 1, see setup.py; CI sets 1 so that kernel code
 #                that does not compile fails the run.
