@@ -241,34 +241,58 @@ int64_t set_hopper_sdd_min_blocks_per_row(int64_t blocks) {
   return exchange_knob(g_hopper_sdd_min_blocks_per_row, blocks, 0, "set_hopper_sdd_min_blocks_per_row", "blocks");
 }
 
-// Splits of M for the Hopper sdd with `ctas` CTAs (estimated) of `steps` steps of 64 tokens each; each piece
-// keeps >= 16 steps. A split adds an fp32 workspace (memset, TMA reductions, a cast kernel). Measured on an
-// H100 with forced splits 1-8 (benchmarks/results/ab_sdd_splits_*.txt, 8192 x 4096 -> 4096, and
-// ab_sdd_rule_*.txt, three shapes):
+// Splits of M for the Hopper sdd with `ctas` CTAs (estimated) of `steps` steps of 64 tokens each over `nnz`
+// blocks; each piece keeps >= 16 steps. Measured on an H100 with forced splits (benchmarks/results/
+// ab_sdd_splits_*.txt, ab_sdd_rule_*.txt, ab_sdd_split_model_*.txt):
 // - blocks of 64: splits slowed every cell down where one wave holds the CTAs or more (~80 CTAs at density
 //   0.1: unsplit 0.102 ms, 2-6 splits 0.107-0.110; ~156 CTAs at 0.25: 0.183 unsplit, 0.198 in 3), though
 //   the wave count says otherwise: so only as many pieces as fit in one wave with the CTAs;
-// - blocks of 128 follow the waves: the fewest splits s with the fewest waves per unit of work,
-//   ceil(ctas x s / SMs) / s (2 at density 0.1 on 8192 x 4096: 0.089 ms against 0.100 unsplit; 5 for ~72
-//   CTAs at 16384 x 1024 -> 4096, density 0.5: 0.151 against 0.181), where unsplit runs its last partial
-//   wave as tail pieces (kernel_sm90_sdd.cuh): 0.125 ms at 0.25 (~136 CTAs) against 0.174 in 3 splits, the
-//   rule before (2 x SMs worth of CTAs).
-int64_t sdd_sm90_splits(int block, int64_t ctas, int64_t sms, int64_t steps) {
+// - blocks of 128: the least modelled time, a split taken only where it saves 3 % (sdd_b128_split_cost_us).
+//   The rule before (the fewest waves per unit of work, within 10 %) split 8192 x 4096 -> 4096 at density 0.2
+//   (~111 CTAs) in 7: 0.170 ms against 0.107 unsplit, since the zeroed workspace of splits > 2 and every wave
+//   of pieces cost more than the waves count.
+int64_t g_sdd_splits = -1;
+int64_t set_hopper_sdd_splits(int64_t splits) {
+  PBSNG_CHECK_VALUE(splits == -1 || (splits >= 1 && splits <= 64), "set_hopper_sdd_splits: splits=", splits,
+                    " must be -1 (auto) or 1-64");
+  return std::exchange(g_sdd_splits, splits);
+}
+
+// The block-128 Hopper sdd's time in us, split in s (H100, bf16, fitted to ab_sdd_split_model_*.txt): a 64-token
+// step takes ~0.75 us and each wave of CTAs ~10 more (the pipeline's fill, the epilogue). Unsplit, a last partial
+// wave of `rest` CTAs runs as tail pieces (kernel_sm90_sdd.cuh: min(SMs / rest, steps / 16) each, summed by the
+// last, ~3 us). Split in 2, the two pieces are summed in the kernel (~1 us); in more, into a zeroed fp32 workspace
+// by TMA reduce-adds, then cast: ~10 us and ~0.08 us per block (a memset, the reduce-adds, a cast kernel).
+double sdd_b128_split_cost_us(int64_t s, int64_t ctas, int64_t sms, int64_t steps, int64_t nnz) {
+  constexpr double kStepUs = 0.75, kWaveUs = 10.0;
+  if (s == 1) {
+    const int64_t full = ctas / sms, rest = ctas % sms;
+    if (full == 0) return double(steps) * kStepUs + kWaveUs;
+    double us = double(full) * (double(steps) * kStepUs + kWaveUs);
+    if (rest > 0) {
+      const int64_t pieces = std::max<int64_t>(1, std::min(sms / rest, steps / 16));
+      us += double(steps) / double(pieces) * kStepUs + kWaveUs + (pieces > 1 ? 3.0 : 0.0);
+    }
+    return us;
+  }
+  const double waves = double((ctas * s + sms - 1) / sms);
+  if (s == 2) return waves * (double(steps) / 2.0 * kStepUs + kWaveUs + 1.0);
+  return waves * (double((steps + s - 1) / s) * kStepUs + kWaveUs) + 10.0 + 0.08 * double(nnz);
+}
+
+int64_t sdd_sm90_splits(int block, int64_t ctas, int64_t sms, int64_t steps, int64_t nnz) {
+  if (g_sdd_splits > 0) return std::min<int64_t>(g_sdd_splits, std::max<int64_t>(1, steps));
   const int64_t most = std::max<int64_t>(1, std::min<int64_t>(steps / 16, 64));
   if (block != 128) return std::max<int64_t>(1, std::min<int64_t>(sms / ctas, most));
-  // Waves per unit of work, in units of an unsplit CTA's time; unsplit, a last partial wave of e CTAs costs
-  // 1 / pieces of a wave with the tail split. The fewest splits within 10 % of the least cost: a split's
-  // workspace costs too.
-  const int64_t full = ctas / sms, rest = ctas % sms;
-  auto cost = [&](int64_t s) -> double {
-    if (s > 1) return double((ctas * s + sms - 1) / sms) / double(s);
-    if (full == 0) return 1.0;
-    return double(full) + (rest == 0 ? 0.0 : 1.0 / double(std::max<int64_t>(1, std::min(sms / rest, steps / 16))));
-  };
-  double least = cost(1);
-  for (int64_t s = 2; s <= most; ++s) least = std::min(least, cost(s));
   int64_t splits = 1;
-  while (cost(splits) > 1.1 * least) ++splits;
+  double least = sdd_b128_split_cost_us(1, ctas, sms, steps, nnz);
+  for (int64_t s = 2; s <= most; ++s) {
+    const double us = sdd_b128_split_cost_us(s, ctas, sms, steps, nnz);
+    if (us < 0.97 * least) {
+      least = us;
+      splits = s;
+    }
+  }
   return splits;
 }
 
@@ -726,7 +750,7 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
       const int64_t chunk = sdd_sm90_chunk(block);
       const int64_t ctas =
           std::max<int64_t>(1, (2 * nnz + pat.n_block_rows * (chunk - 1) + 2 * chunk - 1) / (2 * chunk));
-      splits = sdd_sm90_splits(block, ctas, sms, (m + 63) / 64);
+      splits = sdd_sm90_splits(block, ctas, sms, (m + 63) / 64, nnz);
     }
   } else if (nnz > 0) {
     // Split the reduction over M across CTAs when there are too few kept blocks to fill the GPU.
@@ -873,6 +897,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "split the Hopper sdd's last partial wave of CTAs over M (blocks of 128; True, default); returns the previous "
         "setting",
         pybind11::arg("enabled"));
+  m.def("set_hopper_sdd_splits", &pbsng::set_hopper_sdd_splits,
+        "splits of M for the Hopper sdd with blocks of 64 / 128: -1 auto (default) or 1-64 (at most one per 64-token "
+        "step); returns the previous value",
+        pybind11::arg("splits"));
   m.def("set_hopper_sdd_b32_mode", &pbsng::set_hopper_sdd_b32_mode,
         "the block-32 Hopper sdd's tile: -1 auto (default), 0 row pairs x columns, 1 row pairs x column pairs, 2 row "
         "quads x column pairs; returns the previous mode",

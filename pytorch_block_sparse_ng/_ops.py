@@ -49,7 +49,7 @@ __all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "sdd_with_bias_g
            "set_hopper_min_rows", "set_hopper_sdd_min_blocks_per_row", "set_hopper_tile_schedule",
            "set_hopper_pipeline_stages", "set_hopper_sdd_tail_split", "set_decode_max_rows",
            "set_hopper_few_rows_split", "set_hopper_blocks_of_32", "set_hopper_b32_columns", "set_hopper_b32_dds_copy",
-           "set_hopper_b32_pair_boxes", "set_hopper_sdd_b32_mode",
+           "set_hopper_b32_pair_boxes", "set_hopper_sdd_b32_mode", "set_hopper_sdd_splits",
            "set_backward_overlap"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
@@ -86,6 +86,14 @@ def set_hopper_sdd_tail_split(enabled: bool) -> bool:
     (default True: a third wave of a few CTAs made its sdd at density 0.5 take 0.26 instead of 0.20 ms on an
     H100); returns the previous setting."""
     return bool(_C.set_hopper_sdd_tail_split(bool(enabled)))
+
+
+def set_hopper_sdd_splits(splits: int) -> int:
+    """Splits of M (the tokens) for the Hopper sdd with blocks of 64 and 128: -1 (default) by rule (bindings.cpp,
+    sdd_sm90_splits: blocks of 128 by a model of the kernel's time fitted on an H100); 1-64: that many pieces of the
+    reduction per block (at most one per 64 tokens); 2 with blocks of 128 sums its pieces in the kernel, other splits
+    into a zeroed fp32 workspace. Returns the previous value."""
+    return int(_C.set_hopper_sdd_splits(int(splits)))
 
 
 def set_hopper_min_rows(rows: int) -> int:

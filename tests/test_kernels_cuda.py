@@ -529,25 +529,6 @@ def _sdd_calls_on_two_streams(dy, x, index, block_shape, blocks_shape):
         yield dw, dw_fused, db
 
 
-def _hopper_sdd_splits_128(ctas, sms, steps):
-    """The split of M that bindings.cpp (sdd_sm90_splits) gives the Hopper sdd with blocks of 128."""
-    most = max(1, min(steps // 16, 64))
-    full, rest = divmod(ctas, sms)
-
-    def cost(s):
-        if s > 1:
-            return -(-ctas * s // sms) / s
-        if full == 0:
-            return 1.0
-        return full + (0.0 if rest == 0 else 1.0 / max(1, min(sms // rest, steps // 16)))
-
-    least = min([cost(1)] + [cost(s) for s in range(2, most + 1)])
-    splits = 1
-    while cost(splits) > 1.1 * least:
-        splits += 1
-    return splits
-
-
 def _sdd_working_ctas(row_counts, chunk, with_bias):
     """The Hopper sdd's working CTAs for a pattern (kernel_sm90_sdd.cuh): a CTA per chunk of up to `chunk` of a
     row's blocks, and per row without blocks when it sums the bias."""
@@ -564,13 +545,15 @@ def _sdd_working_ctas(row_counts, chunk, with_bias):
                           (0.12, 1, 3100, 4096, 1024, torch.bfloat16, 3), (0.12, 0, 5200, 4096, 1024, torch.float16, 5),
                           (0.1, 0, 16384, 4096, 1024, torch.bfloat16, 6), (0.2, 0, 8192, 4096, 1024, torch.float16, 7)])
 def test_hopper_sdd_split_pieces(density, empty_rows, m, n, k, dtype, pieces):
-    """Blocks of 128 with fewer working CTAs than SMs and a split of M: in 2, the sdd sums the two pieces in the
-    kernel (the piece that finishes an item last adds the other's fp32 partials; no zeroed workspace, no cast
+    """Blocks of 128 with fewer working CTAs than SMs and a split of M (set_hopper_sdd_splits): in 2, the sdd sums
+    the two pieces in the kernel (the piece that finishes an item last adds the other's fp32 partials; no zeroed workspace, no cast
     kernel); in 3 or more, into a zeroed fp32 workspace by TMA reduce-adds, then cast. Against the reference, with
     and without the bias sum, for rows without blocks (bias-only items) and pieces of uneven length; four calls in
     a row, the last on another stream, each output landing in a freed NaN-filled block of its size (a counter left
     non-zero would leave an item unstored); with 2 pieces bitwise equal from call to call, whichever piece finishes
     last (the reduce-adds of more pieces add in any order)."""
+    from pytorch_block_sparse_ng import _ops
+
     block = 128
     generator = torch.Generator().manual_seed(int(density * 100) + empty_rows)
     rows, cols = n // block, k // block
@@ -578,13 +561,6 @@ def test_hopper_sdd_split_pieces(density, empty_rows, m, n, k, dtype, pieces):
     mask[0, 0] = True
     mask[rows - empty_rows:] = False
     w = BlockSparseMatrix.from_block_mask(mask, (block, block)).to("cuda")
-    counts = (w.row_offsets[1:] - w.row_offsets[:-1]).tolist()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    # bindings.cpp's estimate of the working CTAs and its split rule (sdd_sm90_splits) give `pieces` here on
-    # the 132 SMs of an H100 SXM or H200
-    ctas = max(1, (2 * sum(counts) + rows + 3) // 4)
-    if _hopper_sdd_splits_128(ctas, sms, (m + 63) // 64) != pieces:
-        pytest.skip(f"{sms} SMs split this case into other than {pieces} pieces")
     index = w.indices()
     x = torch.randn(m, cols * block, generator=generator).cuda().to(dtype)
     dy = torch.randn(m, rows * block, generator=generator).cuda().to(dtype)
@@ -593,15 +569,19 @@ def test_hopper_sdd_split_pieces(density, empty_rows, m, n, k, dtype, pieces):
                                                                               w.col_indices.long()]
     ref = reference.sdd(dy.float(), x.float(), *index, bshape)
     first = None
-    for dw, dw_fused, db in _sdd_calls_on_two_streams(dy, x, index, bshape, w.data.shape):
-        assert_like_torch("sdd, split pieces", dw, ref, torch_dw)
-        assert_like_torch("sdd with bias, split pieces", dw_fused, ref, torch_dw)
-        assert_like_torch("bias gradient, split pieces", db, dy.float().sum(0), dy.sum(0))
-        if first is None:
-            first = (dw, dw_fused, db)
-        if pieces == 2:
-            for name, got, want in zip(("dw", "dw with bias", "bias gradient"), (dw, dw_fused, db), first):
-                assert torch.equal(got, want), f"{name} differs between calls"
+    previous = _ops.set_hopper_sdd_splits(pieces)
+    try:
+        for dw, dw_fused, db in _sdd_calls_on_two_streams(dy, x, index, bshape, w.data.shape):
+            assert_like_torch("sdd, split pieces", dw, ref, torch_dw)
+            assert_like_torch("sdd with bias, split pieces", dw_fused, ref, torch_dw)
+            assert_like_torch("bias gradient, split pieces", db, dy.float().sum(0), dy.sum(0))
+            if first is None:
+                first = (dw, dw_fused, db)
+            if pieces == 2:
+                for name, got, want in zip(("dw", "dw with bias", "bias gradient"), (dw, dw_fused, db), first):
+                    assert torch.equal(got, want), f"{name} differs between calls"
+    finally:
+        _ops.set_hopper_sdd_splits(previous)
 
 
 # The fewest 64-token steps of a Hopper sdd tail piece (kTailMinSteps in cuda/block_sparse/kernel_sm90_sdd.cuh).
@@ -644,20 +624,24 @@ def test_hopper_sdd_tail_split(density, empty_rows, m, dtype):
     torch_dw = (dy.t() @ x).reshape(rows, block, cols, block).transpose(1, 2)[w.row_indices.long(),
                                                                               w.col_indices.long()]
     ref = reference.sdd(dy.float(), x.float(), *index, bshape)
-    previous = _C.set_hopper_sdd_tail_split(False)
+    previous_splits = _C.set_hopper_sdd_splits(1)  # M unsplit, whatever the split rule would take
     try:
-        untailed = OPS.sdd_with_bias_grad(dy, x, *index, bshape)
+        previous = _C.set_hopper_sdd_tail_split(False)
+        try:
+            untailed = OPS.sdd_with_bias_grad(dy, x, *index, bshape)
+        finally:
+            _C.set_hopper_sdd_tail_split(previous)
+        assert previous  # on by default
+        for dw, dw_fused, db in _sdd_calls_on_two_streams(dy, x, index, bshape, w.data.shape):
+            assert_like_torch("sdd, tail split", dw, ref, torch_dw)
+            assert_like_torch("sdd with bias, tail split", dw_fused, ref, torch_dw)
+            assert_like_torch("bias gradient, tail split", db, dy.float().sum(0), dy.sum(0))
+            # the same sums in another order: within a rounding of the untailed results
+            for got, want in zip((dw_fused, db), untailed):
+                torch.testing.assert_close(got.float(), want.float(), rtol=0,
+                                           atol=2 * torch.finfo(dtype).eps * want.float().abs().max().item())
     finally:
-        _C.set_hopper_sdd_tail_split(previous)
-    assert previous  # on by default
-    for dw, dw_fused, db in _sdd_calls_on_two_streams(dy, x, index, bshape, w.data.shape):
-        assert_like_torch("sdd, tail split", dw, ref, torch_dw)
-        assert_like_torch("sdd with bias, tail split", dw_fused, ref, torch_dw)
-        assert_like_torch("bias gradient, tail split", db, dy.float().sum(0), dy.sum(0))
-        # the same sums in another order: within a rounding of the untailed results
-        for got, want in zip((dw_fused, db), untailed):
-            torch.testing.assert_close(got.float(), want.float(), rtol=0,
-                                       atol=2 * torch.finfo(dtype).eps * want.float().abs().max().item())
+        _C.set_hopper_sdd_splits(previous_splits)
 
 
 @pytest.mark.cuda
@@ -1276,3 +1260,7 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
     assert _ops.set_hopper_sdd_b32_mode(-1) == 2
     with pytest.raises(ValueError, match=r"mode=4 must be -1 \(auto\), 0 \(row pairs x columns\)"):
         _ops.set_hopper_sdd_b32_mode(4)
+    assert _ops.set_hopper_sdd_splits(3) == -1
+    assert _ops.set_hopper_sdd_splits(-1) == 3
+    with pytest.raises(ValueError, match=r"splits=0 must be -1 \(auto\) or 1-64"):
+        _ops.set_hopper_sdd_splits(0)
