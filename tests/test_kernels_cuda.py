@@ -545,13 +545,13 @@ def _sdd_working_ctas(row_counts, chunk, with_bias):
                           (0.12, 1, 3100, 4096, 1024, torch.bfloat16, 3), (0.12, 0, 5200, 4096, 1024, torch.float16, 5),
                           (0.1, 0, 16384, 4096, 1024, torch.bfloat16, 6), (0.2, 0, 8192, 4096, 1024, torch.float16, 7)])
 def test_hopper_sdd_split_pieces(density, empty_rows, m, n, k, dtype, pieces):
-    """Blocks of 128 with fewer working CTAs than SMs and a split of M (set_hopper_sdd_splits): in 2, the sdd sums
-    the two pieces in the kernel (the piece that finishes an item last adds the other's fp32 partials; no zeroed workspace, no cast
-    kernel); in 3 or more, into a zeroed fp32 workspace by TMA reduce-adds, then cast. Against the reference, with
-    and without the bias sum, for rows without blocks (bias-only items) and pieces of uneven length; four calls in
-    a row, the last on another stream, each output landing in a freed NaN-filled block of its size (a counter left
-    non-zero would leave an item unstored); with 2 pieces bitwise equal from call to call, whichever piece finishes
-    last (the reduce-adds of more pieces add in any order)."""
+    """Blocks of 128 with fewer working CTAs than SMs and a split of M (forced by set_hopper_sdd_splits): in 2, the
+    sdd sums the two pieces in the kernel (the piece that finishes an item last adds the other's fp32 partials; no
+    zeroed workspace, no cast kernel); in 3 or more, into a zeroed fp32 workspace by TMA reduce-adds, then cast.
+    Against the reference, with and without the bias sum, for rows without blocks (bias-only items) and pieces of
+    uneven length; four calls in a row, the last on another stream, each output landing in a freed NaN-filled block
+    of its size (a counter left non-zero would leave an item unstored); with 2 pieces bitwise equal from call to
+    call, whichever piece finishes last (the reduce-adds of more pieces add in any order)."""
     from pytorch_block_sparse_ng import _ops
 
     block = 128
