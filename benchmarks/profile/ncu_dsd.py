@@ -1,6 +1,8 @@
 """Run the products once each for Nsight Compute (ncu): dense F.linear, and dsd / dds / sdd on a random pattern.
 
     ncu --clock-control none -k regex:'ws_kernel|sdd_kernel|nvjet|gemm' python benchmarks/profile/ncu_dsd.py
+    ncu --clock-control none -k regex:'sdd_kernel|_dds_kernel|ws_kernel' python benchmarks/profile/ncu_dsd.py \
+        --block 128 --densities 0.25 --stk   (ours against STK on one pattern)
 """
 import argparse
 
@@ -16,6 +18,9 @@ def main():
     parser.add_argument("--block", type=int, default=64)
     parser.add_argument("--densities", default="0.5,1.0")
     parser.add_argument("--products", default="dsd,dds,sdd", help="comma-separated subset of dsd,dds,sdd")
+    parser.add_argument("--stk", action="store_true",
+                        help="also STK's products on the same pattern (blocks of 128; stanford-stk installed): its "
+                             "forward (_dds_kernel of x and W^T) for dsd, _dds_kernel of dy and W for dds, _sdd_kernel")
     args = parser.parse_args()
     m, k, n = (int(v) for v in args.shape.split("x"))
     ops = _extension.get()
@@ -34,6 +39,16 @@ def main():
             ops.dds(dy, data, *index)
         if "sdd" in products:
             ops.sdd(dy, x, *index, (args.block, args.block))
+        if args.stk:
+            import stk
+
+            sw = stk.ops.to_sparse(mat.to_dense(data).detach(), blocking=args.block)
+            if "dsd" in products:
+                stk.ops.dds(x, sw.t())
+            if "dds" in products:
+                stk.ops.dds(dy, sw)
+            if "sdd" in products:
+                stk.ops.sdd(dy.t(), x, sw)
     torch.cuda.synchronize()
 
 
