@@ -249,8 +249,9 @@ int64_t set_hopper_sdd_min_blocks_per_row(int64_t blocks) {
 //   the wave count says otherwise: so only as many pieces as fit in one wave with the CTAs;
 // - blocks of 128: the least modelled time, a split taken only where it saves 3 % (sdd_b128_split_cost_us).
 //   The rule before (the fewest waves per unit of work, within 10 %) split 8192 x 4096 -> 4096 at density 0.2
-//   (~111 CTAs) in 7: 0.170 ms against 0.107 unsplit, since the zeroed workspace of splits > 2 and every wave
-//   of pieces cost more than the waves count.
+//   (~111 CTAs) in 7: 0.170 ms against 0.107 unsplit (eager; 0.166 against 0.111 in GPU time), since the zeroed
+//   workspace of splits > 2 and every wave of pieces cost more than the waves count.
+// g_sdd_splits: -1 that rule; 1-64 that split (set_hopper_sdd_splits: tests, A/B measurements).
 int64_t g_sdd_splits = -1;
 int64_t set_hopper_sdd_splits(int64_t splits) {
   PBSNG_CHECK_VALUE(splits == -1 || (splits >= 1 && splits <= 64), "set_hopper_sdd_splits: splits=", splits,
