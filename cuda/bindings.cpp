@@ -297,6 +297,26 @@ int64_t sdd_sm90_splits(int block, int64_t ctas, int64_t sms, int64_t steps, int
   return splits;
 }
 
+// The block-128 Hopper sdd with one CTA per block, loaded by cp.async (kernel_sm90_sdd_cpasync.cuh), against the
+// TMA sdd (two-block CTAs, one per SM; M split by the model above): taken from 3/4 of the SMs' count of blocks to
+// twice it (one wave of at most two CTAs per SM, where the TMA sdd has about one CTA per SM). H100, bf16, GPU time
+// against the TMA sdd unsplit (benchmarks/results/ab_sdd_cpasync_*.txt, session 37 call 4): 8192 x 4096 -> 4096 at
+// density 0.1 / 0.25 (102 / 256 blocks) 0.94 / 0.86x; over the wave slower, at 0.5 / 1.0 0.97 / 1.2x; 16384
+// tokens at 0.25 / 0.5 0.96 / 1.12x. The bounds' other measurements (calls 5-6: slower below ~half the SMs' count,
+// e.g. 16384 x 1024 -> 4096 at 0.1 / 0.25) had a TMA baseline with a wrong split of M and wait to be redone.
+// g_sdd_one_block_ctas: -1 by that rule, 0 never, 1 always (A/B measurements, tests).
+int64_t g_sdd_one_block_ctas = -1;
+int64_t set_hopper_sdd_one_block_ctas(int64_t mode) {
+  PBSNG_CHECK_VALUE(mode >= -1 && mode <= 1, "set_hopper_sdd_one_block_ctas: mode=", mode,
+                    " must be -1 (auto), 0 (off) or 1 (always)");
+  return std::exchange(g_sdd_one_block_ctas, mode);
+}
+
+bool sdd_b128_one_block_ctas(int64_t nnz, int64_t sms) {
+  if (g_sdd_one_block_ctas >= 0) return g_sdd_one_block_ctas == 1;
+  return 4 * nnz >= 3 * sms && nnz <= 2 * sms;
+}
+
 // The Hopper sdd's tail split (kernel_sm90_sdd.cuh, blocks of 128): on by default; off for A/B measurements.
 bool g_hopper_sdd_tail_split = true;
 bool set_hopper_sdd_tail_split(bool enabled) {
@@ -761,6 +781,8 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
       splits = std::min<int64_t>((target_ctas + nnz - 1) / nnz, std::max<int64_t>(1, k_tiles / 8));
     }
   }
+  const bool one_block_ctas = hopper && block == 128 && sdd_b128_one_block_ctas(nnz, sms);
+  if (one_block_ctas) splits = 1;
   splits = std::min<int64_t>(splits, 65535);
   const bool fused_bias = with_bias && hopper;
   const int64_t size = nnz * block * block;
@@ -790,6 +812,7 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
               row_indices.data_ptr<int32_t>(), col_indices.data_ptr<int32_t>(), m, nnz, int(pat.n_block_rows),
               int(pat.n_block_cols), block, int(splits)};
   p.row_order = row_order.data_ptr<int32_t>();
+  p.one_block_ctas = one_block_ctas;
   at::Tensor x_t;
   if (hopper && block == 32) {
     p.b32_mode = b32_sdd_mode(nnz, pat.n_block_rows, pat.n_block_cols, sms);
@@ -811,7 +834,7 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
   // nnz / chunk + 2 R of them) and M has room for two pieces of kTailMinSteps (16) steps, a workspace and zeroed
   // counters; the kernel decides whether there is a tail to split.
   at::Tensor tail, tail_counters;
-  if (hopper && block == 128 && splits == 1 && g_hopper_sdd_tail_split && (m + 63) / 64 >= 32 &&
+  if (hopper && block == 128 && splits == 1 && !one_block_ctas && g_hopper_sdd_tail_split && (m + 63) / 64 >= 32 &&
       (nnz + sdd_sm90_chunk(block) - 1) / sdd_sm90_chunk(block) + 2 * pat.n_block_rows > sms) {
     const int64_t floats = sdd_sm90_tail_floats(sms), counters = sdd_sm90_tail_counters(sms);
     tail = at::empty({floats}, dy.options().dtype(at::kFloat));
@@ -894,6 +917,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_hopper_pipeline_stages", &pbsng::set_hopper_pipeline_stages,
         "pipeline stages of the Hopper dsd / dds, 3 or 4 (default); returns the previous value",
         pybind11::arg("stages"));
+  m.def("set_hopper_sdd_one_block_ctas", &pbsng::set_hopper_sdd_one_block_ctas,
+        "A/B and test knob: the block-128 Hopper sdd with one CTA per block (cp.async) by its rule (-1), never (0) "
+        "or always (1); returns the previous setting", pybind11::arg("mode"));
   m.def("set_hopper_sdd_tail_split", &pbsng::set_hopper_sdd_tail_split,
         "split the Hopper sdd's last partial wave of CTAs over M (blocks of 128; True, default); returns the previous "
         "setting",

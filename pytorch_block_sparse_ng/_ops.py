@@ -50,6 +50,7 @@ __all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "sdd_with_bias_g
            "set_hopper_pipeline_stages", "set_hopper_sdd_tail_split", "set_decode_max_rows",
            "set_hopper_few_rows_split", "set_hopper_blocks_of_32", "set_hopper_b32_columns", "set_hopper_b32_dds_copy",
            "set_hopper_b32_pair_boxes", "set_hopper_sdd_b32_mode", "set_hopper_sdd_splits",
+           "set_hopper_sdd_one_block_ctas",
            "set_backward_overlap"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
@@ -94,6 +95,14 @@ def set_hopper_sdd_splits(splits: int) -> int:
     reduction per block (at most one per 64 tokens); 2 with blocks of 128 sums its pieces in the kernel, other splits
     into a zeroed fp32 workspace. Returns the previous value."""
     return int(_C.set_hopper_sdd_splits(int(splits)))
+
+
+def set_hopper_sdd_one_block_ctas(mode: int) -> int:
+    """The Hopper sdd with blocks of 128 as one CTA per kept block, two per SM, loaded by cp.async
+    (kernel_sm90_sdd_cpasync.cuh) instead of the TMA sdd's two-block CTAs: -1 (default) from 3/4 of the SMs' count
+    of kept blocks to twice it, one wave of at most two CTAs per SM (bindings.cpp, sdd_b128_one_block_ctas); 0:
+    never; 1: always (M then unsplit). Returns the previous mode."""
+    return int(_C.set_hopper_sdd_one_block_ctas(int(mode)))
 
 
 def set_hopper_min_rows(rows: int) -> int:

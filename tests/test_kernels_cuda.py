@@ -584,6 +584,54 @@ def test_hopper_sdd_split_pieces(density, empty_rows, m, n, k, dtype, pieces):
         _ops.set_hopper_sdd_splits(previous)
 
 
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the Hopper kernels run on sm_90 GPUs only")
+@pytest.mark.parametrize("density, empty_rows, m, n, k, dtype",
+                         [(1.0, 0, 1, 1024, 1024, torch.bfloat16), (0.5, 2, 7, 2048, 1024, torch.float16),
+                          (0.3, 3, 33, 2048, 2048, torch.bfloat16), (0.5, 1, 128, 1024, 3072, torch.float16),
+                          (0.25, 0, 1000, 4096, 4096, torch.float16), (1.0, 0, 8200, 1024, 1024, torch.bfloat16),
+                          (0.02, 0, 2100, 4096, 4096, torch.bfloat16), (0.0, 7, 300, 1024, 1024, torch.float16)])
+def test_hopper_sdd_one_block_ctas(density, empty_rows, m, n, k, dtype):
+    """Blocks of 128, one CTA per block loaded by cp.async (forced by set_hopper_sdd_one_block_ctas): M = 1, 7, 33
+    (only a last partial tile of 32 tokens), 128, 1000 and 8200 (a partial last tile after whole ones); rows
+    without blocks (the bias-only CTAs), a single block (density 0 plus block (0, 0)), density 1. Against the
+    reference, with and without the bias sum, four calls in a row, the last on another stream, each output landing
+    in a freed NaN-filled block of its size (an unstored block cannot pass), bitwise equal from call to call."""
+    from pytorch_block_sparse_ng import _ops
+
+    block = 128
+    generator = torch.Generator().manual_seed(m + empty_rows)
+    rows, cols = n // block, k // block
+    mask = torch.rand(rows, cols, generator=generator) < density
+    mask[0, 0] = True
+    mask[rows - empty_rows:] = False
+    w = BlockSparseMatrix.from_block_mask(mask, (block, block)).to("cuda")
+    index = w.indices()
+    x = torch.randn(m, k, generator=generator).cuda().to(dtype)
+    dy = torch.randn(m, n, generator=generator).cuda().to(dtype)
+    bshape = (block, block)
+    torch_dw = (dy.t() @ x).reshape(rows, block, cols, block).transpose(1, 2)[w.row_indices.long(),
+                                                                              w.col_indices.long()]
+    ref = reference.sdd(dy.float(), x.float(), *index, bshape)
+    previous_rows = _ops.set_hopper_min_rows(1)
+    previous = _ops.set_hopper_sdd_one_block_ctas(1)
+    try:
+        first = None
+        for dw, dw_fused, db in _sdd_calls_on_two_streams(dy, x, index, bshape, w.data.shape):
+            assert_like_torch("sdd, one block per CTA", dw, ref, torch_dw)
+            assert_like_torch("sdd with bias, one block per CTA", dw_fused, ref, torch_dw)
+            assert_like_torch("bias gradient, one block per CTA", db, dy.float().sum(0), dy.sum(0))
+            if first is None:
+                first = (dw, dw_fused, db)
+            for name, got, want in zip(("dw", "dw with bias", "bias gradient"), (dw, dw_fused, db), first):
+                assert torch.equal(got, want), f"{name} differs between calls"
+    finally:
+        _ops.set_hopper_sdd_one_block_ctas(previous)
+        _ops.set_hopper_min_rows(previous_rows)
+
+
 # The fewest 64-token steps of a Hopper sdd tail piece (kTailMinSteps in cuda/block_sparse/kernel_sm90_sdd.cuh).
 SDD_TAIL_MIN_STEPS = 16
 
@@ -1264,3 +1312,7 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
     assert _ops.set_hopper_sdd_splits(-1) == 3
     with pytest.raises(ValueError, match=r"splits=0 must be -1 \(auto\) or 1-64"):
         _ops.set_hopper_sdd_splits(0)
+    assert _ops.set_hopper_sdd_one_block_ctas(0) == -1
+    assert _ops.set_hopper_sdd_one_block_ctas(-1) == 0
+    with pytest.raises(ValueError, match=r"mode=2 must be -1 \(auto\), 0 \(off\) or 1 \(always\)"):
+        _ops.set_hopper_sdd_one_block_ctas(2)

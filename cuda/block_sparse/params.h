@@ -93,6 +93,9 @@ struct SddParams {
   // holds sdd_sm90_piece_floats(items x splits) floats and tail_counters 2 x items ints (items:
   // sdd_sm90_split_items); out and bias_grad in the input dtype.
   int sms = 0;
+  // Hopper sdd, blocks of 128, splits == 1, no tail split: one CTA per block, loaded by cp.async
+  // (kernel_sm90_sdd_cpasync.cuh); out and bias_grad in the input dtype.
+  bool one_block_ctas = false;
   float* tail_ws = nullptr;
   int* tail_counters = nullptr;
   // Hopper sdd, blocks of 32 (kernel_sm90_sdd_b32.cuh), splits == 1: the tile's mode (sm90sddb32::Mode: 0 row pairs

@@ -5,6 +5,7 @@
 #include "block_sparse/kernel_sm90_b32.cuh"
 #include "block_sparse/kernel_sm90_sdd.cuh"
 #include "block_sparse/kernel_sm90_sdd_b32.cuh"
+#include "block_sparse/kernel_sm90_sdd_cpasync.cuh"
 #include "block_sparse/kernel_sm90_ws.cuh"
 #include "block_sparse/kernel_transpose_blocks.cuh"
 
@@ -83,7 +84,9 @@
           default: return cudaErrorInvalidValue;                                                           \
         }                                                                                                  \
       case 64: return sm90sdd::launch_config<sm90sdd::Config<T, 64>>(p, stream);                          \
-      case 128: return sm90sdd::launch_config<sm90sdd::Config<T, 128>>(p, stream);                        \
+      case 128:                                                                                            \
+        if (p.one_block_ctas) return sm90sddcp::launch<sm90sddcp::Config<T>>(p, stream);                   \
+        return sm90sdd::launch_config<sm90sdd::Config<T, 128>>(p, stream);                                \
       default: return cudaErrorInvalidValue;                                                               \
     }                                                                                                      \
   }                                                                                                        \
