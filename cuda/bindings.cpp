@@ -237,6 +237,13 @@ int64_t exchange_knob(int64_t& knob, int64_t value, int64_t least, const char* f
   return std::exchange(knob, value);
 }
 
+// A knob of -1 (auto: the rule decides), 0 (off) or 1 (always), and what it makes of its rule's answer.
+int64_t exchange_auto_knob(int64_t& knob, int64_t mode, const char* fn) {
+  PBSNG_CHECK_VALUE(mode >= -1 && mode <= 1, fn, ": mode=", mode, " must be -1 (auto), 0 (off) or 1 (always)");
+  return std::exchange(knob, mode);
+}
+bool auto_knob_says(int64_t knob, bool rule) { return knob >= 0 ? knob == 1 : rule; }
+
 int64_t set_hopper_sdd_min_blocks_per_row(int64_t blocks) {
   return exchange_knob(g_hopper_sdd_min_blocks_per_row, blocks, 0, "set_hopper_sdd_min_blocks_per_row", "blocks");
 }
@@ -307,14 +314,11 @@ int64_t sdd_sm90_splits(int block, int64_t ctas, int64_t sms, int64_t steps, int
 // g_sdd_one_block_ctas: -1 by that rule, 0 never, 1 always (A/B measurements, tests).
 int64_t g_sdd_one_block_ctas = -1;
 int64_t set_hopper_sdd_one_block_ctas(int64_t mode) {
-  PBSNG_CHECK_VALUE(mode >= -1 && mode <= 1, "set_hopper_sdd_one_block_ctas: mode=", mode,
-                    " must be -1 (auto), 0 (off) or 1 (always)");
-  return std::exchange(g_sdd_one_block_ctas, mode);
+  return exchange_auto_knob(g_sdd_one_block_ctas, mode, "set_hopper_sdd_one_block_ctas");
 }
 
 bool sdd_b128_one_block_ctas(int64_t nnz, int64_t sms) {
-  if (g_sdd_one_block_ctas >= 0) return g_sdd_one_block_ctas == 1;
-  return 4 * nnz >= 3 * sms && nnz <= 2 * sms;
+  return auto_knob_says(g_sdd_one_block_ctas, 4 * nnz >= 3 * sms && nnz <= 2 * sms);
 }
 
 // The Hopper sdd's tail split (kernel_sm90_sdd.cuh, blocks of 128): on by default; off for A/B measurements.
@@ -428,15 +432,10 @@ int b32_pair_boxes_for(int64_t nnz, int64_t cells) {
 // copy's ~5 us count. -1 (default): from density 0.2; 0: never; 1: always.
 int64_t g_hopper_b32_dds_copy = -1;
 int64_t set_hopper_b32_dds_copy(int64_t mode) {
-  PBSNG_CHECK_VALUE(mode >= -1 && mode <= 1, "set_hopper_b32_dds_copy: mode=", mode,
-                    " must be -1 (auto), 0 (off) or 1 (always)");
-  return std::exchange(g_hopper_b32_dds_copy, mode);
+  return exchange_auto_knob(g_hopper_b32_dds_copy, mode, "set_hopper_b32_dds_copy");
 }
 
-bool b32_dds_copy_for(int64_t nnz, int64_t cells) {
-  if (g_hopper_b32_dds_copy >= 0) return g_hopper_b32_dds_copy == 1;
-  return 5 * nnz >= cells;
-}
+bool b32_dds_copy_for(int64_t nnz, int64_t cells) { return auto_knob_says(g_hopper_b32_dds_copy, 5 * nnz >= cells); }
 
 // The Hopper sdd for blocks of 32 (kernel_sm90_sdd_b32.cuh: a CTA per row pair or quad and a chunk of their union,
 // M unsplit). Measured against the SM80 sdd (H100, bf16, with the bias sum; benchmarks/results/ab_sdd_b32_*.txt, with

@@ -492,16 +492,8 @@ def test_hopper_sdd_blocks_of_32_pairs(m, dtype):
             index = list(w.indices())
             index[6] = order.to(device="cuda", dtype=torch.int32)  # row_order
             ref = reference.sdd(dy.float(), x.float(), *index, bshape)
-            first = None
-            for dw, dw_fused, db in _sdd_calls_on_two_streams(dy, x, index, bshape, w.data.shape):
-                case = f"sdd, blocks of 32, mode {mode}, row order {order.tolist()}"
-                assert_like_torch(case, dw, ref, torch_dw)
-                assert_like_torch(f"{case}, with bias", dw_fused, ref, torch_dw)
-                assert_like_torch(f"bias gradient, {case}", db, dy.float().sum(0), dy.sum(0))
-                if first is None:
-                    first = (dw, dw_fused, db)
-                for name, got, want in zip(("dw", "dw with bias", "bias gradient"), (dw, dw_fused, db), first):
-                    assert torch.equal(got, want), f"{name} differs between calls ({case})"
+            _check_sdd_calls(f"sdd, blocks of 32, mode {mode}, row order {order.tolist()}", dy, x, index, bshape,
+                             w.data.shape, ref, torch_dw)
     finally:
         _ops.set_hopper_min_rows(previous)
         _ops.set_hopper_blocks_of_32(previous_b32)
@@ -529,6 +521,40 @@ def _sdd_calls_on_two_streams(dy, x, index, block_shape, blocks_shape):
         yield dw, dw_fused, db
 
 
+def _check_sdd_calls(case, dy, x, index, block_shape, blocks_shape, ref, torch_dw, bitwise=True):
+    """_sdd_calls_on_two_streams' four calls against the reference (dW_b with and without the bias sum, the bias
+    gradient), and with `bitwise` equal from call to call."""
+    first = None
+    for dw, dw_fused, db in _sdd_calls_on_two_streams(dy, x, index, block_shape, blocks_shape):
+        assert_like_torch(case, dw, ref, torch_dw)
+        assert_like_torch(f"{case}, with bias", dw_fused, ref, torch_dw)
+        assert_like_torch(f"bias gradient, {case}", db, dy.float().sum(0), dy.sum(0))
+        if first is None:
+            first = (dw, dw_fused, db)
+        if bitwise:
+            for name, got, want in zip(("dw", "dw with bias", "bias gradient"), (dw, dw_fused, db), first):
+                assert torch.equal(got, want), f"{name} differs between calls ({case})"
+
+
+def _b128_sdd_case(density, empty_rows, m, n, k, dtype, seed):
+    """A random block-128 pattern of an (n, k) weight with block (0, 0) kept and its last `empty_rows` block rows
+    empty, x (m, k) and dy (m, n); returns (w, index, x, dy, block_shape, torch's dW_b in dtype, the reference)."""
+    block = 128
+    generator = torch.Generator().manual_seed(seed)
+    rows, cols = n // block, k // block
+    mask = torch.rand(rows, cols, generator=generator) < density
+    mask[0, 0] = True
+    mask[rows - empty_rows:] = False
+    w = BlockSparseMatrix.from_block_mask(mask, (block, block)).to("cuda")
+    index = w.indices()
+    x = torch.randn(m, k, generator=generator).cuda().to(dtype)
+    dy = torch.randn(m, n, generator=generator).cuda().to(dtype)
+    bshape = (block, block)
+    torch_dw = (dy.t() @ x).reshape(rows, block, cols, block).transpose(1, 2)[w.row_indices.long(),
+                                                                              w.col_indices.long()]
+    return w, index, x, dy, bshape, torch_dw, reference.sdd(dy.float(), x.float(), *index, bshape)
+
+
 def _sdd_working_ctas(row_counts, chunk, with_bias):
     """The Hopper sdd's working CTAs for a pattern (kernel_sm90_sdd.cuh): a CTA per chunk of up to `chunk` of a
     row's blocks, and per row without blocks when it sums the bias."""
@@ -554,32 +580,12 @@ def test_hopper_sdd_split_pieces(density, empty_rows, m, n, k, dtype, pieces):
     call, whichever piece finishes last (the reduce-adds of more pieces add in any order)."""
     from pytorch_block_sparse_ng import _ops
 
-    block = 128
-    generator = torch.Generator().manual_seed(int(density * 100) + empty_rows)
-    rows, cols = n // block, k // block
-    mask = torch.rand(rows, cols, generator=generator) < density
-    mask[0, 0] = True
-    mask[rows - empty_rows:] = False
-    w = BlockSparseMatrix.from_block_mask(mask, (block, block)).to("cuda")
-    index = w.indices()
-    x = torch.randn(m, cols * block, generator=generator).cuda().to(dtype)
-    dy = torch.randn(m, rows * block, generator=generator).cuda().to(dtype)
-    bshape = (block, block)
-    torch_dw = (dy.t() @ x).reshape(rows, block, cols, block).transpose(1, 2)[w.row_indices.long(),
-                                                                              w.col_indices.long()]
-    ref = reference.sdd(dy.float(), x.float(), *index, bshape)
-    first = None
+    w, index, x, dy, bshape, torch_dw, ref = _b128_sdd_case(density, empty_rows, m, n, k, dtype,
+                                                            seed=int(density * 100) + empty_rows)
     previous = _ops.set_hopper_sdd_splits(pieces)
     try:
-        for dw, dw_fused, db in _sdd_calls_on_two_streams(dy, x, index, bshape, w.data.shape):
-            assert_like_torch("sdd, split pieces", dw, ref, torch_dw)
-            assert_like_torch("sdd with bias, split pieces", dw_fused, ref, torch_dw)
-            assert_like_torch("bias gradient, split pieces", db, dy.float().sum(0), dy.sum(0))
-            if first is None:
-                first = (dw, dw_fused, db)
-            if pieces == 2:
-                for name, got, want in zip(("dw", "dw with bias", "bias gradient"), (dw, dw_fused, db), first):
-                    assert torch.equal(got, want), f"{name} differs between calls"
+        _check_sdd_calls(f"sdd, split in {pieces} pieces", dy, x, index, bshape, w.data.shape, ref, torch_dw,
+                         bitwise=pieces == 2)
     finally:
         _ops.set_hopper_sdd_splits(previous)
 
@@ -601,32 +607,11 @@ def test_hopper_sdd_one_block_ctas(density, empty_rows, m, n, k, dtype):
     in a freed NaN-filled block of its size (an unstored block cannot pass), bitwise equal from call to call."""
     from pytorch_block_sparse_ng import _ops
 
-    block = 128
-    generator = torch.Generator().manual_seed(m + empty_rows)
-    rows, cols = n // block, k // block
-    mask = torch.rand(rows, cols, generator=generator) < density
-    mask[0, 0] = True
-    mask[rows - empty_rows:] = False
-    w = BlockSparseMatrix.from_block_mask(mask, (block, block)).to("cuda")
-    index = w.indices()
-    x = torch.randn(m, k, generator=generator).cuda().to(dtype)
-    dy = torch.randn(m, n, generator=generator).cuda().to(dtype)
-    bshape = (block, block)
-    torch_dw = (dy.t() @ x).reshape(rows, block, cols, block).transpose(1, 2)[w.row_indices.long(),
-                                                                              w.col_indices.long()]
-    ref = reference.sdd(dy.float(), x.float(), *index, bshape)
+    w, index, x, dy, bshape, torch_dw, ref = _b128_sdd_case(density, empty_rows, m, n, k, dtype, seed=m + empty_rows)
     previous_rows = _ops.set_hopper_min_rows(1)
     previous = _ops.set_hopper_sdd_one_block_ctas(1)
     try:
-        first = None
-        for dw, dw_fused, db in _sdd_calls_on_two_streams(dy, x, index, bshape, w.data.shape):
-            assert_like_torch("sdd, one block per CTA", dw, ref, torch_dw)
-            assert_like_torch("sdd with bias, one block per CTA", dw_fused, ref, torch_dw)
-            assert_like_torch("bias gradient, one block per CTA", db, dy.float().sum(0), dy.sum(0))
-            if first is None:
-                first = (dw, dw_fused, db)
-            for name, got, want in zip(("dw", "dw with bias", "bias gradient"), (dw, dw_fused, db), first):
-                assert torch.equal(got, want), f"{name} differs between calls"
+        _check_sdd_calls("sdd, one block per CTA", dy, x, index, bshape, w.data.shape, ref, torch_dw)
     finally:
         _ops.set_hopper_sdd_one_block_ctas(previous)
         _ops.set_hopper_min_rows(previous_rows)
