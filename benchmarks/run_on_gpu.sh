@@ -24,7 +24,7 @@ for arg in "$@"; do
     --memcheck)
       # memcheck and test logs share one file: the device tool brings back at most 8 files.
       compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -x tests/test_kernels_cuda.py \
-        -k "(hopper_path_at_every_m and (m257 or m7-)) or (blocks_of_32 and m129-) or (decode_dsd and m33-) or (64_row_tiles and m129-) or (few_rows_dsd_and_dds and m65-)" >> "$out/tests.log" 2>&1
+        -k "(hopper_path_at_every_m and (m257 or m7-)) or (blocks_of_32 and m129-) or (decode_dsd and m33-) or (64_row_tiles and m129-) or (few_rows_dsd_and_dds and m65-) or (one_block_ctas and (m7- or m33- or m300-))" >> "$out/tests.log" 2>&1
       echo "memcheck exit $?" >> "$out/tests.log" ;;
   esac
 done

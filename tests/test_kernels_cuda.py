@@ -598,7 +598,9 @@ def test_hopper_sdd_split_pieces(density, empty_rows, m, n, k, dtype, pieces):
                          [(1.0, 0, 1, 1024, 1024, torch.bfloat16), (0.5, 2, 7, 2048, 1024, torch.float16),
                           (0.3, 3, 33, 2048, 2048, torch.bfloat16), (0.5, 1, 128, 1024, 3072, torch.float16),
                           (0.25, 0, 1000, 4096, 4096, torch.float16), (1.0, 0, 8200, 1024, 1024, torch.bfloat16),
-                          (0.02, 0, 2100, 4096, 4096, torch.bfloat16), (0.0, 7, 300, 1024, 1024, torch.float16)])
+                          (0.02, 0, 2100, 4096, 4096, torch.bfloat16), (0.0, 7, 300, 1024, 1024, torch.float16)],
+                         ids=["m1-d1", "m7-empty2", "m33-empty3", "m128-empty1", "m1000-d0.25", "m8200-d1", "m2100-d0.02",
+                              "m300-one-block"])
 def test_hopper_sdd_one_block_ctas(density, empty_rows, m, n, k, dtype):
     """Blocks of 128, one CTA per block loaded by cp.async (forced by set_hopper_sdd_one_block_ctas): M = 1, 7, 33
     (only a last partial tile of 32 tokens), 128, 1000 and 8200 (a partial last tile after whole ones); rows
