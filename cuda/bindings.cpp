@@ -317,8 +317,9 @@ int64_t set_hopper_sdd_one_block_ctas(int64_t mode) {
   return exchange_auto_knob(g_sdd_one_block_ctas, mode, "set_hopper_sdd_one_block_ctas");
 }
 
+// A split of M forced by set_hopper_sdd_splits (> 1) keeps the rule off: the TMA sdd runs the split.
 bool sdd_b128_one_block_ctas(int64_t nnz, int64_t sms) {
-  return auto_knob_says(g_sdd_one_block_ctas, 4 * nnz >= 3 * sms && nnz <= 2 * sms);
+  return auto_knob_says(g_sdd_one_block_ctas, g_sdd_splits <= 1 && 4 * nnz >= 3 * sms && nnz <= 2 * sms);
 }
 
 // The Hopper sdd's tail split (kernel_sm90_sdd.cuh, blocks of 128): on by default; off for A/B measurements.

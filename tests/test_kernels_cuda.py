@@ -660,6 +660,7 @@ def test_hopper_sdd_tail_split(density, empty_rows, m, dtype):
                                                                               w.col_indices.long()]
     ref = reference.sdd(dy.float(), x.float(), *index, bshape)
     previous_splits = _C.set_hopper_sdd_splits(1)  # M unsplit, whatever the split rule would take
+    previous_one_block = _C.set_hopper_sdd_one_block_ctas(0)  # the TMA sdd, whose tail is split
     try:
         previous = _C.set_hopper_sdd_tail_split(False)
         try:
@@ -677,6 +678,7 @@ def test_hopper_sdd_tail_split(density, empty_rows, m, dtype):
                                            atol=2 * torch.finfo(dtype).eps * want.float().abs().max().item())
     finally:
         _C.set_hopper_sdd_splits(previous_splits)
+        _C.set_hopper_sdd_one_block_ctas(previous_one_block)
 
 
 @pytest.mark.cuda
