@@ -762,12 +762,13 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
   const bool hopper = block == 32 ? b32_sdd_hopper_for(dy.device().index(), m, nnz, pat.n_block_rows, pat.n_block_cols)
                                   : use_hopper_for(dy.device().index(), block, m, nnz) &&
                                         (block != 64 || nnz >= g_hopper_sdd_min_blocks_per_row * pat.n_block_rows);
+  const bool one_block_ctas = hopper && block == 128 && sdd_b128_one_block_ctas(nnz, sms);  // M unsplit
   int64_t splits = 1;
   if (hopper) {
     // One CTA per (block row, chunk of its blocks), estimated as nnz / chunk plus, per row, half a chunk's free
     // entries (partial chunks; the host does not read the pattern). See sdd_sm90_splits for the split of M.
     // Blocks of 32: one CTA per row pair and chunk of its union, M unsplit.
-    if (block != 32) {
+    if (block != 32 && !one_block_ctas) {
       const int64_t chunk = sdd_sm90_chunk(block);
       const int64_t ctas =
           std::max<int64_t>(1, (2 * nnz + pat.n_block_rows * (chunk - 1) + 2 * chunk - 1) / (2 * chunk));
@@ -781,8 +782,6 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
       splits = std::min<int64_t>((target_ctas + nnz - 1) / nnz, std::max<int64_t>(1, k_tiles / 8));
     }
   }
-  const bool one_block_ctas = hopper && block == 128 && sdd_b128_one_block_ctas(nnz, sms);
-  if (one_block_ctas) splits = 1;
   splits = std::min<int64_t>(splits, 65535);
   const bool fused_bias = with_bias && hopper;
   const int64_t size = nnz * block * block;

@@ -86,10 +86,17 @@ struct TileAddr {
   int64_t valid;
 };
 
-__device__ __forceinline__ void cp_async_16_zfill(void* smem, const void* gmem, bool in_range) {
-  const unsigned dst = cute::cast_smem_ptr_to_uint(smem);
+// 16 bytes global -> shared (address `dst` in the shared window); zeros where !in_range (gmem not read).
+__device__ __forceinline__ void cp_async_16_zfill(unsigned dst, const void* gmem, bool in_range) {
   const int src_bytes = in_range ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_16_zfill(void* smem, const void* gmem, bool in_range) {
+  cp_async_16_zfill(cute::cast_smem_ptr_to_uint(smem), gmem, in_range);
+}
+// The same, always in range (no source-size operand).
+__device__ __forceinline__ void cp_async_16(unsigned dst, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
 }
 
 // Issue the cp.async copies of one Rows x BK operand tile into stage `stage` (all threads of the CTA).
@@ -378,9 +385,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) sdd_kernel(SddParams p) {
 }
 
 // ---------------------------------------------------------------------------------------------- launch
-// Raise the kernel's dynamic shared-memory limit once per device (a host call that costs microseconds).
+// Raise the kernel's dynamic shared-memory limit, and with carveout >= 0 set its preferred shared-memory carveout,
+// once per device (host calls that cost microseconds).
 template <auto Kernel>
-inline cudaError_t prepare(int smem_bytes) {
+inline cudaError_t prepare(int smem_bytes, int carveout = -1) {
   if (smem_bytes <= 48 * 1024) return cudaSuccess;
   static std::atomic<unsigned long long> done{0};  // one bit per device, per kernel instantiation
   int device = 0;
@@ -389,6 +397,9 @@ inline cudaError_t prepare(int smem_bytes) {
   const unsigned long long bit = device < 64 ? (1ull << device) : 0ull;
   if (bit != 0 && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
   err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err == cudaSuccess && carveout >= 0) {
+    err = cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout);
+  }
   if (err == cudaSuccess) done.fetch_or(bit, std::memory_order_relaxed);
   return err;
 }

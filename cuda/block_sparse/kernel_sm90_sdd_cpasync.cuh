@@ -47,13 +47,12 @@ struct Params {
   const void* dy;  // (m, n)
   const void* x;   // (m, k)
   void* out;       // [nnz, 128, 128]
-  void* bias_grad;  // (n,) or nullptr
+  void* bias_grad;  // (n,), or nullptr: no bias sum (and no CTAs for rows without blocks)
   const int32_t* row_offsets;
   const int32_t* row_indices;
-  int64_t m, n, k;
   const int32_t* col_indices;
+  int64_t m, n, k;
   int nnz;
-  bool with_bias;  // then one CTA per block row after the blocks' (its bias sum if the row has no blocks)
 };
 
 // The CTA's tile: kBlocks, block `block` of block row `row` (dy^T x); kSum, the sums of the row's dy^T tile over
@@ -94,25 +93,20 @@ __device__ __forceinline__ void run_tile(const Params& p, int row, int block, ch
   const int64_t tile_a = int64_t(BK) * p.n, tile_b = int64_t(BK) * p.k;
   constexpr uint32_t kStageBytes = B * BK * sizeof(T);
   uint32_t stage_bytes = 0;
-  auto copy_chunk = [](uint32_t dst, const T* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-  };
   auto issue = [&](int t) {
     if (t < whole_tiles) {
       CUTE_UNROLL
       for (int i = 0; i < kChunks; ++i) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst_a[i] + stage_bytes), "l"(src_a[i]));
-        if constexpr (kBlocks) {
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst_b[i] + stage_bytes), "l"(src_b[i]));
-        }
+        sm80::cp_async_16(dst_a[i] + stage_bytes, src_a[i]);
+        if constexpr (kBlocks) sm80::cp_async_16(dst_b[i] + stage_bytes, src_b[i]);
       }
     } else if (t < tiles) {  // the last tile: token rows past M zero-filled
       const int left = int(p.m - int64_t(t) * BK) - k0;  // chunk i is in range iff 8 i < left
       CUTE_UNROLL
       for (int i = 0; i < kChunks; ++i) {
         const bool in = 8 * i < left;
-        copy_chunk(dst_a[i] + stage_bytes, in ? src_a[i] : dy, in ? 16 : 0);
-        if constexpr (kBlocks) copy_chunk(dst_b[i] + stage_bytes, in ? src_b[i] : x, in ? 16 : 0);
+        sm80::cp_async_16_zfill(dst_a[i] + stage_bytes, in ? src_a[i] : dy, in);
+        if constexpr (kBlocks) sm80::cp_async_16_zfill(dst_b[i] + stage_bytes, in ? src_b[i] : x, in);
       }
     }
     CUTE_UNROLL
@@ -197,7 +191,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) sdd_cpasync_kernel(const __g
     return;
   }
   const int row = __ldg(p.row_indices + cta);
-  if (p.with_bias && __ldg(p.row_offsets + row) == cta) {
+  if (p.bias_grad != nullptr && __ldg(p.row_offsets + row) == cta) {
     run_tile<Cfg, true, true>(p, row, cta, smem_raw);
   } else {
     run_tile<Cfg, true, false>(p, row, cta, smem_raw);
@@ -211,13 +205,11 @@ template <class Cfg>
 cudaError_t launch(const SddParams& p, cudaStream_t stream) {
   const int rows = p.bias_grad ? p.n_block_rows : 0;
   if (p.nnz + rows == 0) return cudaSuccess;
-  Params q{p.dy, p.x, p.out, p.bias_grad, p.row_offsets, p.row_indices, p.m, int64_t(p.n_block_rows) * Cfg::kBlock,
-           int64_t(p.n_block_cols) * Cfg::kBlock, p.col_indices, int(p.nnz), rows > 0};
-  cudaError_t err = sm80::prepare<sdd_cpasync_kernel<Cfg>>(Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
+  Params q{p.dy, p.x, p.out, p.bias_grad, p.row_offsets, p.row_indices, p.col_indices, p.m,
+           int64_t(p.n_block_rows) * Cfg::kBlock, int64_t(p.n_block_cols) * Cfg::kBlock, int(p.nnz)};
   // Two CTAs of ~66 KB per SM: the carveout at its largest.
-  err = cudaFuncSetAttribute(sdd_cpasync_kernel<Cfg>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             int(cudaSharedmemCarveoutMaxShared));
+  const cudaError_t err =
+      sm80::prepare<sdd_cpasync_kernel<Cfg>>(Cfg::kSmemBytes, int(cudaSharedmemCarveoutMaxShared));
   if (err != cudaSuccess) return err;
   sdd_cpasync_kernel<Cfg><<<unsigned(p.nnz + rows), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(q);
   return cudaGetLastError();
