@@ -305,12 +305,13 @@ int64_t sdd_sm90_splits(int block, int64_t ctas, int64_t sms, int64_t steps, int
 }
 
 // The block-128 Hopper sdd with one CTA per block, loaded by cp.async (kernel_sm90_sdd_cpasync.cuh), against the
-// TMA sdd (two-block CTAs, one per SM; M split by the model above): taken from 3/4 of the SMs' count of blocks to
-// twice it (one wave of at most two CTAs per SM, where the TMA sdd has about one CTA per SM). H100, bf16, GPU time
-// against the TMA sdd unsplit (benchmarks/results/ab_sdd_cpasync_*.txt, session 37 call 4): 8192 x 4096 -> 4096 at
-// density 0.1 / 0.25 (102 / 256 blocks) 0.94 / 0.86x; over the wave slower, at 0.5 / 1.0 0.97 / 1.2x; 16384
-// tokens at 0.25 / 0.5 0.96 / 1.12x. The bounds' other measurements (calls 5-6: slower below ~half the SMs' count,
-// e.g. 16384 x 1024 -> 4096 at 0.1 / 0.25) had a TMA baseline with a wrong split of M and wait to be redone.
+// TMA sdd (two-block CTAs, M split by the model above): taken for 1024 to 2048 tokens and half the SMs' count of
+// blocks to twice it (one wave of at most two CTAs per SM). H100, bf16, 4096 -> 4096, with the bias gradient, GPU
+// time in graphs (benchmarks/results/ab_sdd_cpasync_*.txt, session 38): the sdd alone at 2048 tokens 0.76-0.81x
+// from 31 to 256 blocks, the layer's backward (the dds beside it) 0.93x; 1024 tokens 0.95-0.98x, 512 1.16-1.2x.
+// Over 2048 tokens its lead shrinks and the backward loses: 4096 tokens sdd 0.86-0.93x but backward 0.99 / 1.04x
+// at 102 / 256 blocks; 8192 sdd 1.01 / 0.90x, backward 1.04x; 16384 1.05x. (Session 37's range, from 3/4 of the
+// SMs' count at any M, rested on the TMA sdd forced unsplit and both without the bias gradient.)
 // g_sdd_one_block_ctas: -1 by that rule, 0 never, 1 always (A/B measurements, tests).
 int64_t g_sdd_one_block_ctas = -1;
 int64_t set_hopper_sdd_one_block_ctas(int64_t mode) {
@@ -318,8 +319,9 @@ int64_t set_hopper_sdd_one_block_ctas(int64_t mode) {
 }
 
 // A split of M forced by set_hopper_sdd_splits (> 1) keeps the rule off: the TMA sdd runs the split.
-bool sdd_b128_one_block_ctas(int64_t nnz, int64_t sms) {
-  return auto_knob_says(g_sdd_one_block_ctas, g_sdd_splits <= 1 && 4 * nnz >= 3 * sms && nnz <= 2 * sms);
+bool sdd_b128_one_block_ctas(int64_t m, int64_t nnz, int64_t sms) {
+  return auto_knob_says(g_sdd_one_block_ctas,
+                        g_sdd_splits <= 1 && m >= 1024 && m <= 2048 && 2 * nnz >= sms && nnz <= 2 * sms);
 }
 
 // The Hopper sdd's tail split (kernel_sm90_sdd.cuh, blocks of 128): on by default; off for A/B measurements.
@@ -762,7 +764,7 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
   const bool hopper = block == 32 ? b32_sdd_hopper_for(dy.device().index(), m, nnz, pat.n_block_rows, pat.n_block_cols)
                                   : use_hopper_for(dy.device().index(), block, m, nnz) &&
                                         (block != 64 || nnz >= g_hopper_sdd_min_blocks_per_row * pat.n_block_rows);
-  const bool one_block_ctas = hopper && block == 128 && sdd_b128_one_block_ctas(nnz, sms);  // M unsplit
+  const bool one_block_ctas = hopper && block == 128 && sdd_b128_one_block_ctas(m, nnz, sms);  // M unsplit
   int64_t splits = 1;
   if (hopper) {
     // One CTA per (block row, chunk of its blocks), estimated as nnz / chunk plus, per row, half a chunk's free
@@ -828,6 +830,15 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
     piece_counters = self_resetting_counters(dy, stream, 2 * split_items);
     p.tail_ws = pieces.data_ptr<float>();
     p.tail_counters = piece_counters.data_ptr<int>();
+  }
+  // The one-block sdd's bias gradient: each block CTA's part of its row's sum, and a counter per row
+  // (kernel_sm90_sdd_cpasync.cuh).
+  at::Tensor bias_parts, bias_counters;
+  if (one_block_ctas && fused_bias) {
+    bias_parts = at::empty({nnz * block}, dy.options().dtype(at::kFloat));
+    bias_counters = self_resetting_counters(dy, stream, pat.n_block_rows);
+    p.tail_ws = bias_parts.data_ptr<float>();
+    p.tail_counters = bias_counters.data_ptr<int>();
   }
   // The tail split (kernel_sm90_sdd.cuh, blocks of 128): when the working CTAs may exceed a wave (at most
   // nnz / chunk + 2 R of them) and M has room for two pieces of kTailMinSteps (16) steps, a workspace and zeroed

@@ -605,8 +605,10 @@ def test_hopper_sdd_one_block_ctas(density, empty_rows, m, n, k, dtype):
     """Blocks of 128, one CTA per block loaded by cp.async (forced by set_hopper_sdd_one_block_ctas): M = 1, 7, 33
     (only a last partial tile of 32 tokens), 128, 1000 and 8200 (a partial last tile after whole ones); rows
     without blocks (the bias-only CTAs), a single block (density 0 plus block (0, 0)), density 1. Against the
-    reference, with and without the bias sum, four calls in a row, the last on another stream, each output landing
-    in a freed NaN-filled block of its size (an unstored block cannot pass), bitwise equal from call to call."""
+    reference, with and without the bias sum (a row's CTAs sum their parts of the tokens, fewer tiles than blocks
+    at M = 1 and 7, and the last to finish adds the parts: a row counter left non-zero would leave a later call's
+    sum unstored), four calls in a row, the last on another stream, each output landing in a freed NaN-filled block
+    of its size (an unstored block cannot pass), bitwise equal from call to call."""
     from pytorch_block_sparse_ng import _ops
 
     w, index, x, dy, bshape, torch_dw, ref = _b128_sdd_case(density, empty_rows, m, n, k, dtype, seed=m + empty_rows)

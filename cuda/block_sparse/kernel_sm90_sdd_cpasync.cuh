@@ -1,13 +1,16 @@
 // The block-128 Hopper sdd for few blocks: one CTA of one warpgroup per kept block, two CTAs per SM, tiles loaded
 // by cp.async from the same threads that issue the wgmma (STK's shape: no TMA, no warp specialization).
-// bindings.cpp (sdd_b128_one_block_ctas) takes it from 3/4 of the SMs' count of blocks to twice it, where the TMA sdd
-// of kernel_sm90_sdd.cuh runs about one two-block CTA per SM and receives less per SM (Nsight at 256 blocks: ~50 KB
-// per us per SM against ~74 for this kernel and STK's). benchmarks/results/ab_sdd_cpasync_*.txt has the measurements.
+// bindings.cpp (sdd_b128_one_block_ctas) takes it for 1024 to 2048 tokens and half the SMs' count of blocks to
+// twice it, where the TMA sdd of kernel_sm90_sdd.cuh runs about one two-block CTA per SM and receives less per SM
+// (Nsight at 256 blocks: ~50 KB per us per SM against ~74 for this kernel and STK's); at more tokens the TMA sdd's
+// split of M catches up. benchmarks/results/ab_sdd_cpasync_*.txt has the measurements.
 //
 // The 128 x 128 tile of dW_b = dy^T x: tokens are the reduction, BK tokens per stage in S stages of dy^T and x
-// tiles (MN-major, 128-byte swizzle), two m64n128k16 wgmma per 16 tokens. The CTA of a row's first block also sums
-// its dy^T tile against a tile of ones (the bias gradient); rows without blocks get CTAs of their own that only do
-// that. M unsplit; the results leave by plain stores.
+// tiles (MN-major, 128-byte swizzle), two m64n128k16 wgmma per 16 tokens. With the bias gradient, the CTAs of a
+// row's blocks share the sum of its dy^T tile over the tokens (against a tile of ones): each sums its own range of
+// the token tiles, into an fp32 workspace, and the row's last CTA to finish adds the parts up in block order (a
+// deterministic result). One CTA summing all of them made its SM the kernel's last: +16 % at 256 blocks. Rows
+// without blocks get CTAs of their own that only sum. M unsplit; the results leave by plain stores.
 #pragma once
 
 #include "block_sparse/kernel_sm80.cuh"
@@ -48,6 +51,8 @@ struct Params {
   const void* x;   // (m, k)
   void* out;       // [nnz, 128, 128]
   void* bias_grad;  // (n,), or nullptr: no bias sum (and no CTAs for rows without blocks)
+  float* bias_parts;  // [nnz, 128] fp32: each block CTA's part of its row's sum (rows of two blocks or more)
+  int* bias_counters;  // [n / 128], zero at the launch; the row's last CTA zeroes its counter again
   const int32_t* row_offsets;
   const int32_t* row_indices;
   const int32_t* col_indices;
@@ -55,10 +60,31 @@ struct Params {
   int nnz;
 };
 
+// The bias gradient of a row summed in parts (one per block CTA, in bias_parts): the CTA that finishes last adds
+// them up in block order, then zeroes the row's counter for the next launch.
+template <class Cfg>
+__device__ __forceinline__ void finish_row_sum(const Params& p, int row, int first, int count) {
+  __shared__ int last;
+  __threadfence();  // this CTA's part, visible before its arrival is counted
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(p.bias_counters + row, 1) == count - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  constexpr int B = Cfg::kBlock;
+  if (threadIdx.x < B) {
+    float sum = 0.f;
+    for (int j = 0; j < count; ++j) sum += __ldcg(p.bias_parts + int64_t(first + j) * B + threadIdx.x);
+    static_cast<typename Cfg::T*>(p.bias_grad)[int64_t(row) * B + threadIdx.x] = typename Cfg::T(sum);
+  }
+  if (threadIdx.x == 0) p.bias_counters[row] = 0;
+}
+
 // The CTA's tile: kBlocks, block `block` of block row `row` (dy^T x); kSum, the sums of the row's dy^T tile over
-// the tokens (the bias gradient of the row's 128 features).
+// token tiles [sum_begin, sum_end) (its part of the bias gradient of the row's 128 features).
 template <class Cfg, bool kBlocks, bool kSum>
-__device__ __forceinline__ void run_tile(const Params& p, int row, int block, char* smem_raw) {
+__device__ __forceinline__ void run_tile(const Params& p, int row, int block, int sum_begin, int sum_end,
+                                         char* smem_raw) {
   using namespace cute;
   using T = typename Cfg::T;
   constexpr int S = Cfg::S, BK = Cfg::BK, kChunks = Cfg::kChunks, B = Cfg::kBlock;
@@ -134,8 +160,8 @@ __device__ __forceinline__ void run_tile(const Params& p, int row, int block, ch
 
   CUTE_UNROLL
   for (int s = 0; s < S - 1; ++s) issue(s);
-  CUTE_NO_UNROLL
-  for (int t = 0; t < tiles; ++t) {
+  // One token tile: its wgmma, with the sum's when with_sum is true.
+  auto step = [&](int t, auto with_sum) {
     // Tile t has landed (this thread's copies; the barrier: every thread's). No proxy fence between the cp.async
     // writes and the wgmma reads, as in CUTLASS's and Triton's cp.async + wgmma mainloops: the fence compiled to
     // MEMBAR.ALL.CTA and cost ~7 % here (Nsight).
@@ -146,14 +172,24 @@ __device__ __forceinline__ void run_tile(const Params& p, int row, int block, ch
     warpgroup_fence_operand(bias_acc);
     warpgroup_arrive();
     if constexpr (kBlocks) gemm(mma, tCrA(_, _, _, stage), tCrB(_, _, _, stage), acc);
-    if constexpr (kSum) gemm(sum_mma, tSrA(_, _, _, stage), tSrOnes, bias_acc);
+    if constexpr (decltype(with_sum)::value) gemm(sum_mma, tSrA(_, _, _, stage), tSrOnes, bias_acc);
     warpgroup_commit_batch();
     warpgroup_wait<1>();  // the wgmma of tile t - 1 are done (this warp) ...
     warpgroup_fence_operand(acc);
     warpgroup_fence_operand(bias_acc);
     __syncthreads();  // ... and in every warp: their stage takes tile t + S - 1
     issue(t + S - 1);
+  };
+  // Three loops, not a condition around the sum's wgmma: with one, ptxas injects warpgroup.arrive (C7519).
+  int t = 0;
+  if constexpr (kSum) {
+    CUTE_NO_UNROLL
+    for (; t < min(sum_begin, tiles); ++t) step(t, false_type{});
+    CUTE_NO_UNROLL
+    for (; t < min(sum_end, tiles); ++t) step(t, true_type{});
   }
+  CUTE_NO_UNROLL
+  for (; t < tiles; ++t) step(t, false_type{});
   warpgroup_wait<0>();
   warpgroup_fence_operand(acc);
   warpgroup_fence_operand(bias_acc);
@@ -161,10 +197,19 @@ __device__ __forceinline__ void run_tile(const Params& p, int row, int block, ch
 
   if constexpr (kSum) {  // every column of bias_acc holds the sum: column 0 is stored
     Tensor bias_coord = thr_sum.partition_C(make_identity_tensor(Shape<Int<B>, _8>{}));
+    const int first = kBlocks ? __ldg(p.row_offsets + row) : 0;
+    const int count = kBlocks ? __ldg(p.row_offsets + row + 1) - first : 1;
+    float* part = count > 1 ? p.bias_parts + int64_t(block) * B : nullptr;
     CUTE_UNROLL
     for (int i = 0; i < size(bias_acc); ++i) {
-      if (get<1>(bias_coord(i)) == 0) static_cast<T*>(p.bias_grad)[row * B + get<0>(bias_coord(i))] = T(bias_acc(i));
+      if (get<1>(bias_coord(i)) != 0) continue;
+      if (part) {
+        part[get<0>(bias_coord(i))] = bias_acc(i);
+      } else {
+        static_cast<T*>(p.bias_grad)[int64_t(row) * B + get<0>(bias_coord(i))] = T(bias_acc(i));
+      }
     }
+    if (part) finish_row_sum<Cfg>(p, row, first, count);
   }
   if constexpr (kBlocks) {
     T* out = static_cast<T*>(p.out) + int64_t(block) * B * B;
@@ -178,7 +223,7 @@ __device__ __forceinline__ void run_tile(const Params& p, int row, int block, ch
   }
 }
 
-// Grid: nnz CTAs, one per block, which also sums the bias of its row when it is the row's first block; then, with
+// Grid: nnz CTAs, one per block, which with the bias gradient also sum their part of their row's tokens; then, with
 // the bias gradient, one CTA per block row, which sums the row's bias if the row has no blocks (else it exits).
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 2) sdd_cpasync_kernel(const __grid_constant__ Params p) {
@@ -187,14 +232,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) sdd_cpasync_kernel(const __g
   const int cta = int(blockIdx.x);
   if (cta >= p.nnz) {
     const int row = cta - p.nnz;
-    if (__ldg(p.row_offsets + row) == __ldg(p.row_offsets + row + 1)) run_tile<Cfg, false, true>(p, row, -1, smem_raw);
+    if (__ldg(p.row_offsets + row) == __ldg(p.row_offsets + row + 1)) {
+      run_tile<Cfg, false, true>(p, row, -1, 0, INT_MAX, smem_raw);
+    }
     return;
   }
   const int row = __ldg(p.row_indices + cta);
-  if (p.bias_grad != nullptr && __ldg(p.row_offsets + row) == cta) {
-    run_tile<Cfg, true, true>(p, row, cta, smem_raw);
+  if (p.bias_grad != nullptr) {  // block j of the row's `count` sums token tiles [tiles j / count, tiles (j + 1) / count)
+    const int first = __ldg(p.row_offsets + row), count = __ldg(p.row_offsets + row + 1) - first;
+    const int64_t tiles = (p.m + Cfg::BK - 1) / Cfg::BK;
+    run_tile<Cfg, true, true>(p, row, cta, int(tiles * (cta - first) / count), int(tiles * (cta - first + 1) / count),
+                              smem_raw);
   } else {
-    run_tile<Cfg, true, false>(p, row, cta, smem_raw);
+    run_tile<Cfg, true, false>(p, row, cta, 0, 0, smem_raw);
   }
 #else
   __trap();
@@ -205,7 +255,9 @@ template <class Cfg>
 cudaError_t launch(const SddParams& p, cudaStream_t stream) {
   const int rows = p.bias_grad ? p.n_block_rows : 0;
   if (p.nnz + rows == 0) return cudaSuccess;
-  Params q{p.dy, p.x, p.out, p.bias_grad, p.row_offsets, p.row_indices, p.col_indices, p.m,
+  // With the bias gradient: the rows' parts and counters (SddParams::tail_ws / tail_counters).
+  if (p.bias_grad && (p.tail_ws == nullptr || p.tail_counters == nullptr)) return cudaErrorInvalidValue;
+  Params q{p.dy, p.x, p.out, p.bias_grad, p.tail_ws, p.tail_counters, p.row_offsets, p.row_indices, p.col_indices, p.m,
            int64_t(p.n_block_rows) * Cfg::kBlock, int64_t(p.n_block_cols) * Cfg::kBlock, int(p.nnz)};
   // Two CTAs of ~66 KB per SM: the carveout at its largest.
   const cudaError_t err =

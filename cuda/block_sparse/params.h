@@ -94,7 +94,8 @@ struct SddParams {
   // sdd_sm90_split_items); out and bias_grad in the input dtype.
   int sms = 0;
   // Hopper sdd, blocks of 128, splits == 1, no tail split: one CTA per block, loaded by cp.async
-  // (kernel_sm90_sdd_cpasync.cuh); out and bias_grad in the input dtype.
+  // (kernel_sm90_sdd_cpasync.cuh); out and bias_grad in the input dtype; with bias_grad, tail_ws holds nnz x 128
+  // floats (the parts of the rows' sums) and tail_counters n_block_rows ints (zero at the launch, left zeroed).
   bool one_block_ctas = false;
   float* tail_ws = nullptr;
   int* tail_counters = nullptr;
