@@ -305,13 +305,14 @@ int64_t sdd_sm90_splits(int block, int64_t ctas, int64_t sms, int64_t steps, int
 }
 
 // The block-128 Hopper sdd with one CTA per block, loaded by cp.async (kernel_sm90_sdd_cpasync.cuh), against the
-// TMA sdd (two-block CTAs, M split by the model above): taken for 1024 to 2048 tokens and half the SMs' count of
-// blocks to twice it (one wave of at most two CTAs per SM). H100, bf16, 4096 -> 4096, with the bias gradient, GPU
-// time in graphs (benchmarks/results/ab_sdd_cpasync_*.txt, session 38): the sdd alone at 2048 tokens 0.76-0.81x
-// from 31 to 256 blocks, the layer's backward (the dds beside it) 0.93x; 1024 tokens 0.95-0.98x, 512 1.16-1.2x.
-// Over 2048 tokens its lead shrinks and the backward loses: 4096 tokens sdd 0.86-0.93x but backward 0.99 / 1.04x
-// at 102 / 256 blocks; 8192 sdd 1.01 / 0.90x, backward 1.04x; 16384 1.05x. (Session 37's range, from 3/4 of the
-// SMs' count at any M, rested on the TMA sdd forced unsplit and both without the bias gradient.)
+// TMA sdd (two-block CTAs, M split by the model above): taken for 2048 to 3072 tokens and half the SMs' count of
+// blocks to twice it (one wave of at most two CTAs per SM), where the layer's backward measured faster with it.
+// H100, bf16, 4096 -> 4096, with the bias gradient, GPU time in graphs, at 102 / 256 blocks
+// (benchmarks/results/ab_sdd_cpasync_*.txt, session 38): the backward (the dds on a second stream beside the sdd)
+// 0.93 / 0.93x at 2048 tokens, 0.97 / 0.99x at 3072; but 1.48 / 1.20x at 1024, 1.18 / 1.08x at 1536, 0.99 / 1.04x
+// at 4096, 1.04x at 8192. The sdd alone is faster over a wider range (2048 tokens 0.76-0.81x from 31 to 256 blocks,
+// 1024-6144 tokens 0.83-0.98x at 256 blocks; 512 tokens 1.2x, 16384 1.05x): beside the dds it is not. (Session
+// 37's range, from 3/4 of the SMs' count at any M, rested on the TMA sdd forced unsplit, without the bias gradient.)
 // g_sdd_one_block_ctas: -1 by that rule, 0 never, 1 always (A/B measurements, tests).
 int64_t g_sdd_one_block_ctas = -1;
 int64_t set_hopper_sdd_one_block_ctas(int64_t mode) {
@@ -321,7 +322,7 @@ int64_t set_hopper_sdd_one_block_ctas(int64_t mode) {
 // A split of M forced by set_hopper_sdd_splits (> 1) keeps the rule off: the TMA sdd runs the split.
 bool sdd_b128_one_block_ctas(int64_t m, int64_t nnz, int64_t sms) {
   return auto_knob_says(g_sdd_one_block_ctas,
-                        g_sdd_splits <= 1 && m >= 1024 && m <= 2048 && 2 * nnz >= sms && nnz <= 2 * sms);
+                        g_sdd_splits <= 1 && m >= 2048 && m <= 3072 && 2 * nnz >= sms && nnz <= 2 * sms);
 }
 
 // The Hopper sdd's tail split (kernel_sm90_sdd.cuh, blocks of 128): on by default; off for A/B measurements.

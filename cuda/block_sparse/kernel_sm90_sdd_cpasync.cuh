@@ -1,16 +1,18 @@
 // The block-128 Hopper sdd for few blocks: one CTA of one warpgroup per kept block, two CTAs per SM, tiles loaded
 // by cp.async from the same threads that issue the wgmma (STK's shape: no TMA, no warp specialization).
-// bindings.cpp (sdd_b128_one_block_ctas) takes it for 1024 to 2048 tokens and half the SMs' count of blocks to
+// bindings.cpp (sdd_b128_one_block_ctas) takes it for 2048 to 3072 tokens and half the SMs' count of blocks to
 // twice it, where the TMA sdd of kernel_sm90_sdd.cuh runs about one two-block CTA per SM and receives less per SM
-// (Nsight at 256 blocks: ~50 KB per us per SM against ~74 for this kernel and STK's); at more tokens the TMA sdd's
-// split of M catches up. benchmarks/results/ab_sdd_cpasync_*.txt has the measurements.
+// (Nsight at 256 blocks: ~50 KB per us per SM against ~74 for this kernel and STK's) and where the layer's backward
+// (the dds beside it) measured faster with it. benchmarks/results/ab_sdd_cpasync_*.txt has the measurements.
 //
 // The 128 x 128 tile of dW_b = dy^T x: tokens are the reduction, BK tokens per stage in S stages of dy^T and x
 // tiles (MN-major, 128-byte swizzle), two m64n128k16 wgmma per 16 tokens. With the bias gradient, the CTAs of a
 // row's blocks share the sum of its dy^T tile over the tokens (against a tile of ones): each sums its own range of
 // the token tiles, into an fp32 workspace, and the row's last CTA to finish adds the parts up in block order (a
-// deterministic result). One CTA summing all of them made its SM the kernel's last: +16 % at 256 blocks. Rows
-// without blocks get CTAs of their own that only sum. M unsplit; the results leave by plain stores.
+// deterministic result). With one CTA summing all of a row's tiles the bias cost +16 % at 256 blocks, spread ~+14 %:
+// the m64n8 wgmma against the ones cost far more than their FLOPs (without them, the rest of the bias path ~+2 %;
+// session 38). Rows without blocks get CTAs of their own that only sum. M unsplit; the results leave by plain
+// stores.
 #pragma once
 
 #include "block_sparse/kernel_sm80.cuh"
