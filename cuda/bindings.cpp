@@ -313,8 +313,8 @@ int64_t sdd_sm90_splits(int block, int64_t ctas, int64_t sms, int64_t steps, int
 // at 4096, 1.04x at 8192. The sdd alone is faster over a wider range (2048 tokens 0.76-0.81x from 31 to 256 blocks,
 // 1024-6144 tokens 0.83-0.98x at 256 blocks; 512 tokens 1.2x, 16384 1.05x): beside the dds it is not. Below 2048
 // rows (kFewRowsMaxRows) that dds takes the few-rows tiles, from 2048 the 256-token kernel: where it lost, the dds
-// beside it was the few-rows one (not profiled). (Session
-// 37's range, from 3/4 of the SMs' count at any M, rested on the TMA sdd forced unsplit, without the bias gradient.)
+// beside it was the few-rows one (not profiled). (Session 37's range, from 3/4 of the SMs' count at any M, rested
+// on the TMA sdd forced unsplit, without the bias gradient.)
 // g_sdd_one_block_ctas: -1 by that rule, 0 never, 1 always (A/B measurements, tests).
 int64_t g_sdd_one_block_ctas = -1;
 int64_t set_hopper_sdd_one_block_ctas(int64_t mode) {
