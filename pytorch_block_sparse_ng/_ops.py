@@ -99,10 +99,10 @@ def set_hopper_sdd_splits(splits: int) -> int:
 
 def set_hopper_sdd_one_block_ctas(mode: int) -> int:
     """The Hopper sdd with blocks of 128 as one CTA per kept block, two per SM, loaded by cp.async
-    (kernel_sm90_sdd_cpasync.cuh) instead of the TMA sdd's two-block CTAs: -1 (default) from 3/4 of the SMs' count
-    of kept blocks to twice it, one wave of at most two CTAs per SM (bindings.cpp, sdd_b128_one_block_ctas), unless
-    set_hopper_sdd_splits forces a split; 0: never; 1: always (M then unsplit, whatever set_hopper_sdd_splits says).
-    Returns the previous mode."""
+    (kernel_sm90_sdd_cpasync.cuh) instead of the TMA sdd's two-block CTAs: -1 (default) for 2048 to 3072 rows M and
+    half the SMs' count of kept blocks to twice it, one wave of at most two CTAs per SM (bindings.cpp,
+    sdd_b128_one_block_ctas), unless set_hopper_sdd_splits forces a split; 0: never; 1: always (M then unsplit,
+    whatever set_hopper_sdd_splits says). Returns the previous mode."""
     return int(_C.set_hopper_sdd_one_block_ctas(int(mode)))
 
 

@@ -13,6 +13,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from ab_experiment import with_env  # noqa: E402
 from bench_linear import time_graph_ms  # noqa: E402
 from pytorch_block_sparse_ng import BlockSparseMatrix, _C  # noqa: E402
 
@@ -50,12 +51,8 @@ def main():
                 index = mat.indices()
                 names = ["tma", "one"] if r % 2 == 0 else ["one", "tma"]
                 for name in names:
-                    def run(knob=int(name == "one")):
-                        previous = _C.set_hopper_sdd_one_block_ctas(knob)
-                        try:
-                            _C.sdd(dy, x, *index, [block, block], True)
-                        finally:
-                            _C.set_hopper_sdd_one_block_ctas(previous)
+                    run = with_env({"set_hopper_sdd_one_block_ctas": str(int(name == "one"))},
+                                   lambda: _C.sdd(dy, x, *index, [block, block], True))
                     times[name].append(time_graph_ms(run, 20, 30))
             tma, one = (sorted(times[name])[len(times[name]) // 2] for name in ("tma", "one"))
             print(f"blocks {count:4d} empty rows {empty}: tma {tma:.4f} ms  one {one:.4f} ms ({one / tma:.3f})",
