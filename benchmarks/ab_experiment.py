@@ -14,13 +14,13 @@ example compares settings of a tuning knob of _C instead.
 a VAR named set_* is the _C knob of that name, called with the value; build=PATH times the _C extension of another
 build, loaded beside this one, e.g. a checkout of an older commit built in place, so that two builds are compared
 in one process; bias=1 passes a bias to the dsd, as the layer does, and bias=0 runs the sdd without the bias
-gradient; pairs=greedy gives the kernels the greedy
-line pairs, layout.pair_order(..., max_matched_rows=0), instead of the pattern's row_order / col_order). The first
-variant is the reference of the ratios. Each round draws a fresh random pattern and times every variant
-once (median of 30 CUDA-event timings) in a rotating order; the table gives the median over rounds of each
-variant's time, its ratio to the first variant of the same round, and the first variant's spread.
-The sdd runs with the bias gradient (what the layer's backward calls) unless bias=0; the op "backward" is the layer's whole
-backward (dx, dW_b and the bias gradient: the dds on a second stream beside the sdd, as in training).
+gradient; pairs=greedy gives the kernels the greedy line pairs, layout.pair_order(..., max_matched_rows=0), instead
+of the pattern's row_order / col_order). The first variant is the reference of the ratios. Each round draws a fresh
+random pattern and times every variant once (median of 30 CUDA-event timings) in a rotating order; the table gives
+the median over rounds of each variant's time, its ratio to the first variant of the same round, and the first
+variant's spread.
+The sdd runs with the bias gradient (what the layer's backward calls) unless bias=0; the op "backward" is the
+layer's whole backward (dx, dW_b and the bias gradient: the dds on a second stream beside the sdd, as in training).
 --graph-calls N times each variant per call in a CUDA graph of N calls instead (short kernels, whose eager timing
 would include the host's launch time).
 """
