@@ -82,11 +82,12 @@ __device__ __forceinline__ void finish_row_sum(const Params& p, int row, int fir
   if (threadIdx.x == 0) p.bias_counters[row] = 0;
 }
 
-// The CTA's tile: kBlocks, block `block` of block row `row` (dy^T x); kSum, the sums of the row's dy^T tile over
-// token tiles [sum_begin, sum_end) (its part of the bias gradient of the row's 128 features).
+// The CTA's tile in block row `row`: kBlocks, its block `block` (dy^T x); kSum, a part of the sum of the row's dy^T
+// tile over the tokens (the bias gradient of the row's 128 features): the row's parts are slots [first, first +
+// count) of bias_parts, and slot `block` sums token tiles [tiles j / count, tiles (j + 1) / count), j = block - first.
+// A row without blocks is summed whole by one CTA (block = first = 0, count = 1: no slot).
 template <class Cfg, bool kBlocks, bool kSum>
-__device__ __forceinline__ void run_tile(const Params& p, int row, int block, int sum_begin, int sum_end,
-                                         char* smem_raw) {
+__device__ __forceinline__ void run_tile(const Params& p, int row, int block, int first, int count, char* smem_raw) {
   using namespace cute;
   using T = typename Cfg::T;
   constexpr int S = Cfg::S, BK = Cfg::BK, kChunks = Cfg::kChunks, B = Cfg::kBlock;
@@ -102,6 +103,8 @@ __device__ __forceinline__ void run_tile(const Params& p, int row, int block, in
   const T* dy = static_cast<const T*>(p.dy) + int64_t(row) * B;
   const T* x = static_cast<const T*>(p.x) + int64_t(kBlocks ? __ldg(p.col_indices + block) : 0) * B;
   const int tiles = int((p.m + BK - 1) / BK), whole_tiles = int(p.m / BK);
+  const int part = block - first;
+  const int sum_begin = int(int64_t(tiles) * part / count), sum_end = int(int64_t(tiles) * (part + 1) / count);
 
   // Each thread copies the same 16-byte column chunk r of token rows k0 + 8 i (i < kChunks) in every stage. The
   // destinations come from the swizzled tensor (a GMMA atom's swizzle applies to the smem pointer, not to the
@@ -186,9 +189,9 @@ __device__ __forceinline__ void run_tile(const Params& p, int row, int block, in
   int t = 0;
   if constexpr (kSum) {
     CUTE_NO_UNROLL
-    for (; t < min(sum_begin, tiles); ++t) step(t, false_type{});
+    for (; t < sum_begin; ++t) step(t, false_type{});
     CUTE_NO_UNROLL
-    for (; t < min(sum_end, tiles); ++t) step(t, true_type{});
+    for (; t < sum_end; ++t) step(t, true_type{});
   }
   CUTE_NO_UNROLL
   for (; t < tiles; ++t) step(t, false_type{});
@@ -199,19 +202,17 @@ __device__ __forceinline__ void run_tile(const Params& p, int row, int block, in
 
   if constexpr (kSum) {  // every column of bias_acc holds the sum: column 0 is stored
     Tensor bias_coord = thr_sum.partition_C(make_identity_tensor(Shape<Int<B>, _8>{}));
-    const int first = kBlocks ? __ldg(p.row_offsets + row) : 0;
-    const int count = kBlocks ? __ldg(p.row_offsets + row + 1) - first : 1;
-    float* part = count > 1 ? p.bias_parts + int64_t(block) * B : nullptr;
+    float* slot = count > 1 ? p.bias_parts + int64_t(block) * B : nullptr;
     CUTE_UNROLL
     for (int i = 0; i < size(bias_acc); ++i) {
       if (get<1>(bias_coord(i)) != 0) continue;
-      if (part) {
-        part[get<0>(bias_coord(i))] = bias_acc(i);
+      if (slot) {
+        slot[get<0>(bias_coord(i))] = bias_acc(i);
       } else {
         static_cast<T*>(p.bias_grad)[int64_t(row) * B + get<0>(bias_coord(i))] = T(bias_acc(i));
       }
     }
-    if (part) finish_row_sum<Cfg>(p, row, first, count);
+    if (slot) finish_row_sum<Cfg>(p, row, first, count);
   }
   if constexpr (kBlocks) {
     T* out = static_cast<T*>(p.out) + int64_t(block) * B * B;
@@ -235,18 +236,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) sdd_cpasync_kernel(const __g
   if (cta >= p.nnz) {
     const int row = cta - p.nnz;
     if (__ldg(p.row_offsets + row) == __ldg(p.row_offsets + row + 1)) {
-      run_tile<Cfg, false, true>(p, row, -1, 0, INT_MAX, smem_raw);
+      run_tile<Cfg, false, true>(p, row, 0, 0, 1, smem_raw);
     }
     return;
   }
   const int row = __ldg(p.row_indices + cta);
-  if (p.bias_grad != nullptr) {  // block j of the row's `count` sums token tiles [tiles j / count, tiles (j + 1) / count)
-    const int first = __ldg(p.row_offsets + row), count = __ldg(p.row_offsets + row + 1) - first;
-    const int64_t tiles = (p.m + Cfg::BK - 1) / Cfg::BK;
-    run_tile<Cfg, true, true>(p, row, cta, int(tiles * (cta - first) / count), int(tiles * (cta - first + 1) / count),
-                              smem_raw);
+  const int first = __ldg(p.row_offsets + row), count = __ldg(p.row_offsets + row + 1) - first;
+  if (p.bias_grad != nullptr) {
+    run_tile<Cfg, true, true>(p, row, cta, first, count, smem_raw);
   } else {
-    run_tile<Cfg, true, false>(p, row, cta, 0, 0, smem_raw);
+    run_tile<Cfg, true, false>(p, row, cta, first, count, smem_raw);
   }
 #else
   __trap();
