@@ -9,8 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -29,6 +27,7 @@
 
 #include "block_sparse/params.h"
 #include "checks.h"
+#include "counters.h"
 #include "ops.h"
 
 // cuda_build.py passes the arch list as a pp-number such as 80_90a (no quotes or ';' survive the ninja
@@ -179,41 +178,13 @@ int64_t set_hopper_tile_schedule(int64_t schedule) {
   return std::exchange(g_tile_schedule, schedule);
 }
 
-// `count` int32 counters that are zero when a kernel starts and that the kernel leaves zeroed again. In eager
-// mode each (device, stream, count) keeps one set, zeroed once: no allocation and no memset per call. While a
-// CUDA graph is captured the counters are the graph's own, zeroed by a memset node at every replay: a graph may
-// be replayed on any stream, concurrently with eager calls on the stream it was captured on.
-at::Tensor self_resetting_counters(const at::Tensor& like, cudaStream_t stream, int64_t count) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  const cudaError_t err = cudaStreamIsCapturing(stream, &capture);
-  TORCH_CHECK(err == cudaSuccess, cat("querying the stream's capture status failed: ", cudaGetErrorString(err)));
-  auto zeroed_counters = [&] {
-    at::Tensor counters = at::empty({count}, like.options().dtype(at::kInt));
-    // A memset node, not at::zeros' fill kernel: less host time.
-    const cudaError_t zeroed = cudaMemsetAsync(counters.data_ptr(), 0, count * sizeof(int), stream);
-    TORCH_CHECK(zeroed == cudaSuccess, cat("zeroing kernel counters failed: ", cudaGetErrorString(zeroed)));
-    return counters;
-  };
-  if (capture != cudaStreamCaptureStatusNone) return zeroed_counters();
-  // Never destroyed: tensors freed during static destruction could outlive the CUDA context.
-  static std::mutex* mutex = new std::mutex();
-  static auto* kept = new std::map<std::tuple<int, cudaStream_t, int64_t>, at::Tensor>();
-  std::lock_guard<std::mutex> lock(*mutex);
-  const auto key = std::make_tuple(int(like.device().index()), stream, count);
-  auto found = kept->find(key);
-  if (found == kept->end()) found = kept->emplace(key, zeroed_counters()).first;
-  return found->second;
-}
-
 // The Hopper dsd / dds tile counter for a launch (int32[2]: tiles handed out, CTAs done; the kernel's last CTA
-// zeroes both), or an undefined tensor for round-robin. Kept per stream instead of a memset per call: H100 A/B
-// 0.3-1.2 % less GPU time, 2-5 us less host time per call (benchmarks/results/ab_tile_counter_per_stream_*.txt).
-at::Tensor tile_counter_for(const at::Tensor& like, cudaStream_t stream) {
-  if (g_tile_schedule == int64_t(TileSchedule::kRoundRobin)) return at::Tensor();
+// zeroes both), or nullptr for round-robin. Kept per stream instead of a memset per call: H100 A/B 0.3-1.2 % less
+// GPU time, 2-5 us less host time per call (benchmarks/results/ab_tile_counter_per_stream_*.txt); counters.h.
+int* tile_counter_for(const at::Tensor& like, cudaStream_t stream) {
+  if (g_tile_schedule == int64_t(TileSchedule::kRoundRobin)) return nullptr;
   return self_resetting_counters(like, stream, 2);
 }
-
-int* counter_ptr(const at::Tensor& counter) { return counter.defined() ? counter.data_ptr<int>() : nullptr; }
 
 bool set_hopper_kernels(bool enabled) {
   return std::exchange(g_hopper_enabled, enabled);
@@ -660,8 +631,7 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   p.b32_pair_boxes = b32_pair_boxes_for(pat.nnz, pat.n_block_rows * pat.n_block_cols);
   if (splits == 1 && hopper) {
     // The few-rows dsd deals its tiles round-robin (its clusters take the same tiles): no counter.
-    const at::Tensor counter = few_rows_split > 0 ? at::Tensor() : tile_counter_for(x, stream);
-    p.tile_counter = counter_ptr(counter);
+    p.tile_counter = few_rows_split > 0 ? nullptr : tile_counter_for(x, stream);
     check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_sm90<DType::kFloat16>(p, stream)
                                                 : launch_dsd_sm90<DType::kBFloat16>(p, stream), kDsd);
   } else {
@@ -715,8 +685,7 @@ at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const
              !mid_rows_sm80_for(block, p.m, groups * ((p.m + 255) / 256), p.sms) &&
              (block != 32 || b32_hopper_for(pat.n_block_cols, p.m, pat.nnz, pat.n_block_rows * pat.n_block_cols,
                                             p.sms))) {
-    const at::Tensor counter = tile_counter_for(dy, stream);
-    p.tile_counter = counter_ptr(counter);
+    p.tile_counter = tile_counter_for(dy, stream);
     // Blocks of 32: W's blocks transposed into a workspace of the work stream, freed (stream-ordered) on return.
     at::Tensor data_t;
     if (block == 32 && b32_dds_copy_for(pat.nnz, pat.n_block_rows * pat.n_block_cols)) {
@@ -798,7 +767,7 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
   const int64_t split_items = sdd_sm90_split_items(nnz, pat.n_block_rows);
   const bool split_pieces = hopper && block == 128 && splits == 2 &&
                             sdd_sm90_piece_floats(split_items * splits) * int64_t(sizeof(float)) <= (int64_t(64) << 20);
-  at::Tensor out, bias_grad, sums_f32, pieces, piece_counters;
+  at::Tensor out, bias_grad, sums_f32, pieces;
   if (splits > 1 && !split_pieces) {  // one fp32 buffer, zeroed by a memset node (less host time than at::zeros):
                                       // the blocks, then the bias gradient
     sums_f32 = at::empty({size + (fused_bias ? n : 0)}, dy.options().dtype(at::kFloat));
@@ -830,32 +799,29 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
   if (split_pieces) {
     pieces = at::empty({sdd_sm90_piece_floats(split_items * splits)}, dy.options().dtype(at::kFloat));
     // The piece that finishes an item last zeroes its counter again (kernel_sm90_sdd.cuh).
-    piece_counters = self_resetting_counters(dy, stream, 2 * split_items);
     p.tail_ws = pieces.data_ptr<float>();
-    p.tail_counters = piece_counters.data_ptr<int>();
+    p.tail_counters = self_resetting_counters(dy, stream, 2 * split_items);
   }
   // The one-block sdd's bias gradient: each block CTA's part of its row's sum, and a counter per row
   // (kernel_sm90_sdd_cpasync.cuh).
-  at::Tensor bias_parts, bias_counters;
+  at::Tensor bias_parts;
   if (one_block_ctas && fused_bias) {
     bias_parts = at::empty({nnz * block}, dy.options().dtype(at::kFloat));
-    bias_counters = self_resetting_counters(dy, stream, pat.n_block_rows);
     p.tail_ws = bias_parts.data_ptr<float>();
-    p.tail_counters = bias_counters.data_ptr<int>();
+    p.tail_counters = self_resetting_counters(dy, stream, pat.n_block_rows);
   }
   // The tail split (kernel_sm90_sdd.cuh, blocks of 128): when the working CTAs may exceed a wave (at most
   // nnz / chunk + 2 R of them) and M has room for two pieces of kTailMinSteps (16) steps, a workspace and zeroed
   // counters; the kernel decides whether there is a tail to split.
-  at::Tensor tail, tail_counters;
+  at::Tensor tail;
   if (hopper && block == 128 && splits == 1 && !one_block_ctas && g_hopper_sdd_tail_split && (m + 63) / 64 >= 32 &&
       (nnz + sdd_sm90_chunk(block) - 1) / sdd_sm90_chunk(block) + 2 * pat.n_block_rows > sms) {
     const int64_t floats = sdd_sm90_tail_floats(sms), counters = sdd_sm90_tail_counters(sms);
     tail = at::empty({floats}, dy.options().dtype(at::kFloat));
     // The piece that finishes an item last zeroes its counter again (kernel_sm90_sdd.cuh).
-    tail_counters = self_resetting_counters(dy, stream, counters);
     p.sms = int(sms);
     p.tail_ws = tail.data_ptr<float>();
-    p.tail_counters = tail_counters.data_ptr<int>();
+    p.tail_counters = self_resetting_counters(dy, stream, counters);
   }
   if (hopper) {
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_sdd_sm90<DType::kFloat16>(p, stream)

@@ -785,7 +785,7 @@ def test_hopper_tile_counter_is_left_zeroed_for_the_next_launch(block):
 @pytest.mark.parametrize("block", BLOCKS)
 def test_training_step_replays_from_a_cuda_graph(block):
     """Forward and backward captured in one CUDA graph (no host sync, no index allocation; the Hopper kernels'
-    tile counters are the graph's own, zeroed by memset nodes at every replay) give the eager results on new inputs."""
+    tile counters are the graph's own) give the eager results on new inputs."""
     from pytorch_block_sparse_ng import _ops
 
     layer = BlockSparseLinear(512, 384, density=0.4, block_shape=(block, block), device="cuda", dtype=torch.bfloat16,
@@ -820,6 +820,99 @@ def test_training_step_replays_from_a_cuda_graph(block):
                 torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=2 ** -7 * scale, msg=name)
     finally:
         _ops.set_hopper_min_rows(previous)
+
+
+# Each kind of self-resetting kernel counter (cuda/counters.h), the knobs that make a case take it, and the case
+# (_b128_sdd_case's arguments).
+GRAPH_COUNTER_PATHS = {
+    "tile counter": ({"set_hopper_min_rows": 1, "set_hopper_few_rows_split": 0},
+                     (0.5, 0, 1000, 1024, 768, torch.bfloat16)),
+    "sdd split in 2 pieces": ({"set_hopper_sdd_splits": 2}, (0.3, 2, 2100, 2048, 1024, torch.float16)),
+    "sdd one block per CTA": ({"set_hopper_min_rows": 1, "set_hopper_sdd_one_block_ctas": 1},
+                              (0.5, 1, 128, 1024, 3072, torch.float16)),
+    "sdd tail split": ({"set_hopper_sdd_splits": 1, "set_hopper_sdd_one_block_ctas": 0},
+                       (0.6, 1, 4097, 4096, 4096, torch.bfloat16)),
+}
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the Hopper kernels run on sm_90 GPUs only")
+@pytest.mark.parametrize("path", list(GRAPH_COUNTER_PATHS))
+def test_cuda_graphs_own_their_kernel_counters(path):
+    """Under capture the kernels' self-resetting counters are the graph's own: zeroed once, not by a memset node at
+    every replay, and given back to a pool when the graph is destroyed, for later graphs to take. dsd, dds and the
+    sdd with the bias sum, captured: one graph replayed three times, two graphs replayed at once on two streams
+    (counters shared between live graphs would race), then graphs captured after those were destroyed (taking
+    their counters: one left non-zero would skip tiles or items). Every replay writes outputs first filled with NaN
+    and matches the eager results."""
+    import gc
+
+    from pytorch_block_sparse_ng import _C
+
+    knobs, (density, empty_rows, m, n, k, dtype) = GRAPH_COUNTER_PATHS[path]
+    w, index, x, dy, bshape, _, _ = _b128_sdd_case(density, empty_rows, m, n, k, dtype, seed=m)
+    if path == "sdd tail split":  # the kernel's rule (test_hopper_sdd_tail_split): a partial last wave to split
+        counts = (w.row_offsets[1:] - w.row_offsets[:-1]).tolist()
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        q, e = divmod(_sdd_working_ctas(counts, 2, True), sms)
+        assert q >= 1 and e > 0 and min(sms // e, (m + 63) // 64 // SDD_TAIL_MIN_STEPS) >= 2, (q, e, sms)
+    data = w.data.detach().to(dtype)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(m)).cuda().to(dtype)
+    names = ("dsd", "dds", "sdd", "bias gradient")
+
+    def products():
+        return (OPS.dsd(x, data, bias, *index), OPS.dds(dy, data, *index)) + OPS.sdd_with_bias_grad(
+            dy, x, *index, bshape)
+
+    previous = {name: getattr(_C, name)(value) for name, value in knobs.items()}
+    try:
+        eager = products()
+        streams = (torch.cuda.Stream(), torch.cuda.Stream())
+
+        def capture():
+            streams[0].wait_stream(torch.cuda.current_stream())
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=streams[0]):
+                outputs = products()
+            torch.cuda.current_stream().wait_stream(streams[0])
+            return graph, outputs
+
+        def replay_and_check(captured):
+            for _, outputs in captured:
+                for t in outputs:
+                    t.fill_(float("nan"))
+            for (graph, _), stream in zip(captured, streams):
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    graph.replay()
+            for stream in streams[:len(captured)]:
+                torch.cuda.current_stream().wait_stream(stream)
+            for _, outputs in captured:
+                for name, got, want in zip(names, outputs, eager):
+                    torch.testing.assert_close(got.float(), want.float(), rtol=0, msg=f"{name} ({path})",
+                                               atol=2 * torch.finfo(dtype).eps * want.float().abs().max().item())
+
+        first = capture()
+        for _ in range(3):
+            replay_and_check([first])
+        second = capture()
+        for _ in range(3):
+            replay_and_check([first, second])
+        del first, second
+        gc.collect()
+        torch.cuda.synchronize()
+        for _ in range(3):
+            later = capture()
+            replay_and_check([later])
+            replay_and_check([later])
+            del later
+            gc.collect()
+            torch.cuda.synchronize()
+    finally:
+        for name, value in previous.items():
+            getattr(_C, name)(value)
 
 
 @pytest.mark.cuda
