@@ -8,9 +8,13 @@ Prints the time per launch (median of 50 replays) for three rounds.
 import ctypes
 import glob
 import os
-import statistics
+import sys
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from bench_linear import capture_graph, time_ms  # noqa: E402
 
 LAUNCHES = 40
 
@@ -20,32 +24,6 @@ def cudart():
     libs = glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "**", "libcudart.so*"),
                      recursive=True)
     return ctypes.CDLL(sorted(libs)[0] if libs else "libcudart.so")
-
-
-def capture(fn, launches):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # warm-up outside the capture (cuBLAS workspaces)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(launches):
-            fn()
-    return graph
-
-
-def replay_us(graph, reps=50):
-    for _ in range(5):
-        graph.replay()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events) * 1000
 
 
 def main():
@@ -63,10 +41,11 @@ def main():
     cases = {"add": lambda: one.add_(1), "memset + add": lambda: (memset(), one.add_(1)),
              "matmul": lambda: torch.mm(a, b), "memset + matmul": lambda: (memset(), torch.mm(a, b)),
              "memset": memset}
-    graphs = {name: capture(fn, LAUNCHES) for name, fn in cases.items()}
+    graphs = {name: capture_graph(fn, LAUNCHES) for name, fn in cases.items()}
     print(f"{torch.cuda.get_device_name()}: us per launch, graphs of {LAUNCHES} launches")
     for _ in range(3):
-        print("  " + " | ".join(f"{name} {replay_us(g) / LAUNCHES:.2f}" for name, g in graphs.items()))
+        print("  " + " | ".join(f"{name} {time_ms(g.replay, 5, 50) * 1000 / LAUNCHES:.2f}"
+                                for name, g in graphs.items()))
 
 
 if __name__ == "__main__":
