@@ -18,7 +18,8 @@
 namespace pbsng {
 namespace {
 
-void check_cuda(cudaError_t err, const char* what) {
+// A CUDA runtime call's error as an exception (checks.h's check_cuda checks a tensor's device instead).
+void check_runtime_call(cudaError_t err, const char* what) {
   TORCH_CHECK(err == cudaSuccess, cat(what, " failed: ", cudaGetErrorString(err)));
 }
 
@@ -32,7 +33,7 @@ int* kept_counters(const at::Tensor& like, cudaStream_t stream, int64_t count) {
   auto found = kept->find(key);
   if (found == kept->end()) {
     at::Tensor counters = at::empty({count}, like.options().dtype(at::kInt));
-    check_cuda(cudaMemsetAsync(counters.data_ptr(), 0, count * sizeof(int), stream), "zeroing kernel counters");
+    check_runtime_call(cudaMemsetAsync(counters.data_ptr(), 0, count * sizeof(int), stream), "zeroing kernel counters");
     found = kept->emplace(key, counters).first;
   }
   return found->second.data_ptr<int>();
@@ -52,13 +53,13 @@ struct RelaxedCaptureMode {
 int* zeroed_device_ints(int64_t ints) {
   RelaxedCaptureMode relaxed;
   void* memory = nullptr;
-  check_cuda(cudaMalloc(&memory, ints * sizeof(int)), "allocating kernel counters for a CUDA graph");
+  check_runtime_call(cudaMalloc(&memory, ints * sizeof(int)), "allocating kernel counters for a CUDA graph");
   cudaStream_t zeroing = nullptr;
-  check_cuda(cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking), "creating a stream to zero counters");
+  check_runtime_call(cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking), "creating a stream to zero counters");
   cudaError_t err = cudaMemsetAsync(memory, 0, ints * sizeof(int), zeroing);
   if (err == cudaSuccess) err = cudaStreamSynchronize(zeroing);
   cudaStreamDestroy(zeroing);
-  check_cuda(err, "zeroing kernel counters for a CUDA graph");
+  check_runtime_call(err, "zeroing kernel counters for a CUDA graph");
   return static_cast<int*>(memory);
 }
 
@@ -128,12 +129,12 @@ int* graph_counters(cudaGraph_t graph, int device, int64_t count) {
   cudaError_t err = cudaUserObjectCreate(&owner, held, release_graph_slot, 1, cudaUserObjectNoDestructorSync);
   if (err != cudaSuccess) {
     release_graph_slot(held);
-    check_cuda(err, "tying kernel counters to the CUDA graph being captured");
+    check_runtime_call(err, "tying kernel counters to the CUDA graph being captured");
   }
   err = cudaGraphRetainUserObject(graph, owner, 1, cudaGraphUserObjectMove);
   if (err != cudaSuccess) {
     cudaUserObjectRelease(owner, 1);  // its destructor gives the slot back
-    check_cuda(err, "tying kernel counters to the CUDA graph being captured");
+    check_runtime_call(err, "tying kernel counters to the CUDA graph being captured");
   }
   return slot;
 }
@@ -143,7 +144,8 @@ int* graph_counters(cudaGraph_t graph, int device, int64_t count) {
 int* self_resetting_counters(const at::Tensor& like, cudaStream_t stream, int64_t count) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cudaGraph_t graph = nullptr;
-  check_cuda(cudaStreamGetCaptureInfo(stream, &capture, nullptr, &graph), "querying the stream's capture status");
+  check_runtime_call(cudaStreamGetCaptureInfo(stream, &capture, nullptr, &graph),
+                     "querying the stream's capture status");
   if (capture == cudaStreamCaptureStatusNone) return kept_counters(like, stream, count);
   TORCH_CHECK(capture == cudaStreamCaptureStatusActive && graph != nullptr,
               "the CUDA graph capture of the current stream was invalidated before a block-sparse kernel launch");
