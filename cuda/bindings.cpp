@@ -1,7 +1,8 @@
 // pytorch_block_sparse_ng._C: the one PYBIND11_MODULE. Each function checks every argument (device, dtype,
 // contiguity, alignment, shapes, index dtypes and sizes), fills a plain params struct and calls the launcher
 // on PyTorch's current stream. No host synchronisation; the only allocations are the outputs (and the fp32
-// partial sums of a split sdd or of its tail pieces). Index *contents* are trusted: they come from layout.py.
+// partial sums of a split dsd, of a split sdd or of its tail pieces). Index *contents* are trusted: they come
+// from layout.py.
 //
 // Wrapped as torch.library custom ops by pytorch_block_sparse_ng/_ops.py, the only importer of this module;
 // `linear` (linear_autograd.cpp) is the layer's eager autograd function.
@@ -18,7 +19,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sum.h>
-#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -611,19 +611,17 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
       (hopper && block == 128 && pat.n_block_rows * ((m + 255) / 256) >= 32);
   int64_t splits = 1;
   if (!hopper_without_split && pat.nnz > 0 && ctas > 0 && ctas < sms) {
-    // Each split keeps >= 512 of the row's K (on average): below that the extra memset / bias / cast
-    // kernels cost more than the parallelism gains (measured on H200, M = 1, 4096 x 4096).
+    // Each split keeps >= 512 of the row's K (on average): below that the splits cost more than the parallelism
+    // gains (measured on H200, M = 1, 4096 x 4096, when a split also cost a memset, a bias add and a cast kernel).
     const int64_t k_per_row = (pat.nnz + pat.n_block_rows - 1) / pat.n_block_rows * block;
     splits = std::max<int64_t>(1, std::min<int64_t>({(2 * sms + ctas - 1) / ctas, k_per_row / 512, 64}));
   }
-  at::Tensor y, y_f32;
-  if (splits > 1) {
-    y_f32 = at::zeros({m, n}, x.options().dtype(at::kFloat));
-  } else {
-    y = at::empty({m, n}, x.options());
-  }
-  DsdParams p{x.data_ptr(), data.data_ptr(), b ? b->data_ptr() : nullptr, splits > 1 ? nullptr : y.data_ptr(),
-              splits > 1 ? y_f32.data_ptr<float>() : nullptr, row_offsets.data_ptr<int32_t>(),
+  at::Tensor y = at::empty({m, n}, x.options());
+  // A split's partial sums: a slice each, summed in the kernel by the tile's last CTA (kernel_sm80.cuh,
+  // finish_split_tile); any contents at the launch.
+  at::Tensor parts = splits > 1 ? at::empty({splits, m, n}, x.options().dtype(at::kFloat)) : at::Tensor();
+  DsdParams p{x.data_ptr(), data.data_ptr(), b ? b->data_ptr() : nullptr, y.data_ptr(),
+              splits > 1 ? parts.data_ptr<float>() : nullptr, row_offsets.data_ptr<int32_t>(),
               col_indices.data_ptr<int32_t>(), row_order.data_ptr<int32_t>(), nullptr, m, pat.nnz,
               int(pat.n_block_rows), int(pat.n_block_cols), block, int(splits), int(sms), int(g_hopper_stages),
               int(tile_rows), few_rows_split};
@@ -635,12 +633,11 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
     check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_sm90<DType::kFloat16>(p, stream)
                                                 : launch_dsd_sm90<DType::kBFloat16>(p, stream), kDsd);
   } else {
+    if (splits > 1) p.split_counters = self_resetting_counters(x, stream, ctas);  // one per output tile
     check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_sm80<DType::kFloat16>(p, stream)
                                                 : launch_dsd_sm80<DType::kBFloat16>(p, stream), kDsd);
   }
-  if (splits == 1) return y;
-  if (b != nullptr) y_f32.add_(*b);
-  return y_f32.to(x.scalar_type());
+  return y;
 }
 
 at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const at::Tensor& dy,

@@ -209,6 +209,71 @@ def test_sm80_dsd_64_row_tiles(case):
         _ops.set_hopper_few_rows_split(previous)
 
 
+# The SM80 dsd with each block row's blocks split over CTAs (few rows of M, long rows: R x M-tiles < SMs and >= 1024
+# of K per row): (m, in, out, density, block, dtype, empty block rows). Splits of 2 to 8; M tiles of 64 and 128 rows
+# with a partial last one; rows without blocks (their output is the bias).
+SM80_SPLIT_CASES = [(65, 4096, 256, 0.5, 64, torch.bfloat16, 0), (100, 4096, 512, 1.0, 32, torch.float16, 0),
+                    (150, 4096, 1024, 0.5, 128, torch.bfloat16, 2), (200, 3072, 1024, 0.6, 64, torch.float16, 3)]
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.parametrize("m, in_features, out_features, density, block, dtype, empty_rows", SM80_SPLIT_CASES)
+def test_sm80_dsd_split_over_ctas(m, in_features, out_features, density, block, dtype, empty_rows):
+    """The split SM80 dsd: each CTA stores its fp32 partial sums, and the last of a tile's CTAs to finish adds
+    them in split order with the bias (a self-resetting counter per tile; no zeroed workspace, no extra kernels).
+    Against the reference with and without the bias; three calls in a row, one on another stream, and a CUDA graph
+    replayed twice (the graph's own counters), each output landing in a freed NaN-filled block of its size (a tile
+    left unstored, or a counter left non-zero, cannot pass); bitwise equal from call to call."""
+    from pytorch_block_sparse_ng import _ops
+
+    generator = torch.Generator().manual_seed(m + block)
+    rows, cols = out_features // block, in_features // block
+    mask = torch.rand(rows, cols, generator=generator) < density
+    mask[rows - empty_rows:] = False
+    w = BlockSparseMatrix.from_block_mask(mask, (block, block)).to("cuda")
+    k_per_row = w.data.shape[0] // rows * block
+    assert k_per_row >= 1024, "the split rule takes >= 512 of K per split"
+    index = w.indices()
+    data = w.data.detach().to(dtype)
+    x = torch.randn(m, in_features, generator=generator).cuda().to(dtype)
+    bias = torch.randn(out_features, generator=generator).cuda().to(dtype)
+    dense_t = w.to_dense(data.float()).detach().to(dtype)
+
+    def poisoned(with_bias):
+        junk = torch.full((m, out_features), float("nan"), device="cuda", dtype=dtype)
+        del junk
+        return OPS.dsd(x, data, bias if with_bias else None, *index)
+
+    previous = _ops.set_hopper_kernels(False)  # the SM80 kernels (on Hopper GPUs too)
+    try:
+        for with_bias in (True, False):
+            b = bias if with_bias else None
+            first = poisoned(with_bias)
+            assert_like_torch(f"split dsd, bias {with_bias}", first,
+                              reference.dsd(x.float(), data.float(), None if b is None else b.float(), *index),
+                              F.linear(x, dense_t, b))
+            side = torch.cuda.Stream()
+            for call in range(3):
+                stream = side if call == 2 else torch.cuda.current_stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    again = poisoned(with_bias)
+                torch.cuda.current_stream().wait_stream(stream)
+                assert torch.equal(again, first), f"call {call} differs (bias {with_bias})"
+            side.wait_stream(torch.cuda.current_stream())
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=side):
+                captured = OPS.dsd(x, data, b, *index)
+            for _ in range(2):
+                captured.fill_(float("nan"))
+                graph.replay()
+                assert torch.equal(captured, first), f"graph replay differs (bias {with_bias})"
+            del graph
+    finally:
+        _ops.set_hopper_kernels(previous)
+
+
 # The Hopper few-rows dsd (128-token tiles, the reduction split over 1 or 2 CTAs of a cluster): M from 1 (decode
 # off) to 511, partial token tiles, K of 3 block columns (uneven key ranges; at density 0.1 CTAs whose range holds
 # no block of their lines), odd line counts (448 = 7 lines of 64), rows without blocks.

@@ -242,6 +242,75 @@ __device__ __forceinline__ void add_tile_atomic(Accum const& tCrC, float* out, i
   }
 }
 
+// One of `splits` CTAs of an output tile: stores its fp32 partial sums into its slice (blockIdx.z) of the parts
+// (slice 0's tile at `parts`, slices `slice` floats apart, rows ld apart); the last of the tile's CTAs to finish
+// (its `counter`, zero at the launch) adds the slices in split order (the same bits whichever CTA finishes last)
+// and the bias, stores the tile rounded (rows >= rows_valid skipped) and zeroes the counter for the next launch. No
+// zeroed workspace, no extra kernels.
+template <class Cfg, class Accum>
+__device__ __forceinline__ void finish_split_tile(Accum const& tCrC, float* parts, int64_t slice, int64_t ld,
+                                                  int64_t rows_valid, int splits, int* counter,
+                                                  typename Cfg::T* out, const typename Cfg::T* bias) {
+  using namespace cute;
+  typename Cfg::TiledMma mma;
+  auto thr_mma = mma.get_slice(threadIdx.x);
+  Tensor tCcC = thr_mma.partition_C(make_identity_tensor(make_shape(Int<Cfg::BM>{}, Int<Cfg::BN>{})));
+  // Accumulator elements (i, i + 1), i even, are adjacent columns (store_tile): one 8-byte access per pair.
+  float* own = parts + blockIdx.z * slice;
+  CUTE_UNROLL
+  for (int i = 0; i < size(tCrC); i += 2) {
+    const int r = get<0>(tCcC(i));
+    if (r < rows_valid) *reinterpret_cast<float2*>(own + r * ld + get<1>(tCcC(i))) = make_float2(tCrC(i), tCrC(i + 1));
+  }
+  __threadfence();  // this CTA's slice is visible GPU-wide before the CTA is counted
+  __syncthreads();
+  __shared__ int last;
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // Each thread sums a fixed column pair of every (kThreads / kPairsPerRow)-th row (row-contiguous accesses), a
+  // batch of rows at a time whose loads of one slice are all in flight together: slice after slice one pair at a
+  // time, the loads were latency-bound (slower than the old zeroing, bias and cast kernels at 4 splits). Batches,
+  // not all rows: each pending row holds registers (the accumulators' are free by now).
+  using T = typename Cfg::T;
+  constexpr int kPairsPerRow = Cfg::BN / 2, kRowStep = Cfg::kThreads / kPairsPerRow, kRows = Cfg::BM / kRowStep;
+  constexpr int kMaxBatch = Cfg::BN == 32 ? 4 : 8;  // blocks of 32: 8 took 64 registers, one CTA per SM fewer
+  constexpr int kBatch = kRows < kMaxBatch ? kRows : kMaxBatch;
+  static_assert(Cfg::kThreads % kPairsPerRow == 0 && Cfg::BM % kRowStep == 0 && kRows % kBatch == 0, "whole pairs");
+  const int c = int(threadIdx.x) % kPairsPerRow * 2, r0 = int(threadIdx.x) / kPairsPerRow;
+  for (int batch = 0; batch < kRows; batch += kBatch) {
+    float2 sum[kBatch];
+    CUTE_UNROLL
+    for (int i = 0; i < kBatch; ++i) sum[i] = make_float2(0.f, 0.f);
+    for (int z = 0; z < splits; ++z) {
+      const float* part = parts + z * slice + c;
+      CUTE_UNROLL
+      for (int i = 0; i < kBatch; ++i) {
+        const int r = r0 + (batch + i) * kRowStep;
+        if (r < rows_valid) {  // L2 loads (__ldcg): the other CTAs' slices never passed through this SM's L1
+          const float2 v = __ldcg(reinterpret_cast<const float2*>(part + r * ld));
+          sum[i].x += v.x;
+          sum[i].y += v.y;
+        }
+      }
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < kBatch; ++i) {
+      const int r = r0 + (batch + i) * kRowStep;
+      if (r < rows_valid) {
+        float v0 = sum[i].x, v1 = sum[i].y;
+        if (bias != nullptr) {
+          v0 += float(bias[c]);
+          v1 += float(bias[c + 1]);
+        }
+        *reinterpret_cast<typename Pair<T>::type*>(out + r * ld + c) = Pair<T>::make(v0, v1);
+      }
+    }
+  }
+  if (threadIdx.x == 0) *counter = 0;
+}
+
 // ---------------------------------------------------------------------------------------------- dsd
 template <class Cfg>
 struct DsdSource {
@@ -285,12 +354,14 @@ __global__ void __launch_bounds__(Cfg::kThreads) dsd_kernel(DsdParams p) {
   DsdSource<Cfg> src{x + m0 * K, static_cast<const T*>(p.data), p.col_indices, begin, end, K, p.m - m0};
   const int num_tiles = (end - begin) * DsdSource<Cfg>::kTilesPerBlock;
   if (num_tiles > 0) mainloop<Cfg>(tCrC, smem, num_tiles, src);
+  const T* bias = static_cast<const T*>(p.bias);
+  T* y_tile = static_cast<T*>(p.y) + m0 * N + int64_t(r) * Cfg::BN;
+  const T* tile_bias = bias == nullptr ? nullptr : bias + int64_t(r) * Cfg::BN;
   if (p.splits == 1) {
-    const T* bias = static_cast<const T*>(p.bias);
-    store_tile<Cfg>(tCrC, static_cast<T*>(p.y) + m0 * N + int64_t(r) * Cfg::BN, N, p.m - m0,
-                    bias == nullptr ? nullptr : bias + int64_t(r) * Cfg::BN);
-  } else if (num_tiles > 0) {
-    add_tile_atomic<Cfg>(tCrC, p.y_f32 + m0 * N + int64_t(r) * Cfg::BN, N, p.m - m0);
+    store_tile<Cfg>(tCrC, y_tile, N, p.m - m0, tile_bias);
+  } else {
+    finish_split_tile<Cfg>(tCrC, p.parts + m0 * N + int64_t(r) * Cfg::BN, p.m * N, N, p.m - m0, p.splits,
+                           p.split_counters + int64_t(blockIdx.y) * gridDim.x + blockIdx.x, y_tile, tile_bias);
   }
 }
 

@@ -13,14 +13,14 @@ namespace pbsng {
 enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
 
 // y (M, N) = x (M, K) W^T + bias.  One CTA per (block row, tile of M rows, split of the row's blocks).
-// With splits > 1 (few rows of M: too few CTAs otherwise) each CTA adds its partial sum atomically into
-// `y_f32` (zeroed by the caller, no bias); the caller adds the bias and rounds.
+// With splits > 1 (few rows of M: too few CTAs otherwise) each CTA stores its fp32 partial sums into its slice of
+// `parts`, and the last of a tile's splits to finish (split_counters) adds them, adds the bias and stores y.
 struct DsdParams {
   const void* x;            // (M, K) row-major
   const void* data;         // [nnz, B, B]
-  const void* bias;         // (N,) or nullptr (splits == 1 only)
-  void* y;                  // (M, N) row-major (splits == 1)
-  float* y_f32;             // (M, N) fp32, zeroed (splits > 1)
+  const void* bias;         // (N,) or nullptr
+  void* y;                  // (M, N) row-major
+  float* parts;             // [splits, M, N] fp32, any contents (splits > 1)
   const int32_t* row_offsets;  // [R + 1]
   const int32_t* col_indices;  // [nnz]
   const int32_t* row_order;    // [R] a permutation of the block rows: the Hopper kernel pairs 2i and 2i + 1
@@ -38,6 +38,8 @@ struct DsdParams {
                             // split over that many CTAs of a cluster (few rows of M)
   int b32_columns = 2;      // Hopper kernel for blocks of 32: block columns per pipeline stage, 1 or 2
   int b32_pair_boxes = 0;   // Hopper kernel for blocks of 32: sm90b32::PairBoxes bits (two blocks per TMA box)
+  int* split_counters = nullptr;  // SM80 kernel, splits > 1: R x ceil(M / tile_rows) int32, zero at the launch,
+                                  // left zeroed
 };
 
 // dx (M, K) = dy (M, N) W, through the column-major index. One CTA per (block column, tile of M rows).
@@ -115,7 +117,7 @@ template <DType D> cudaError_t launch_dsd_sm80(const DsdParams& p, cudaStream_t 
 template <DType D> cudaError_t launch_dds_sm80(const DdsParams& p, cudaStream_t stream);
 template <DType D> cudaError_t launch_sdd_sm80(const SddParams& p, cudaStream_t stream);
 // dsd for few rows of M (decode, 1 <= M <= kDecodeMaxRows; kernel_decode.cuh): one kernel that streams W's kept
-// blocks, no workspace; `y_f32`, `splits`, `row_order`, `tile_counter`, `sms` and `stages` are not used.
+// blocks, no workspace; `parts`, `splits`, `row_order`, `tile_counter`, `sms` and `stages` are not used.
 constexpr int kDecodeMaxRows = 64;
 template <DType D> cudaError_t launch_dsd_decode(const DsdParams& p, cudaStream_t stream);
 // Hopper (TMA + warp-specialized wgmma, sm_90a) dsd and dds for blocks 64 and 128, nnz >= 1, splits == 1:
