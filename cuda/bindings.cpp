@@ -491,9 +491,13 @@ int b32_sdd_mode(int64_t nnz, int64_t n_block_rows, int64_t n_block_cols, int64_
 // - blocks of 64: the tile's two lines load the union of their blocks, so the tiles win where their CTAs fill the
 //   GPU: a split of 2 on at most half the SMs from 12 k-steps per line, none on 0.5-1x the SMs. The dsd's SM80
 //   kernel splits each line's blocks over CTAs (and takes 64-row tiles below 256 rows), the dds's does not: for the
-//   dsd a split of 2 also needs a quarter of the SMs busy, and below 256 rows density >= 0.75, lines of >= 32
-//   k-steps and an eighth of the SMs (0.7-0.95x the SM80 kernels' time on 4096 x 4096 at density 1.0; on most other
-//   cells below 256 rows 1.0-1.8x).
+//   dsd a split of 2 also needs a quarter of the SMs busy. Below 256 rows the dsd's tiles need an eighth of the SMs;
+//   where the SM80 kernel splits its lines they also need density >= 0.75 and lines of >= 16 k-steps (0.7-0.95x the
+//   SM80 kernels' time on 4096 x 4096 at density 1.0, 0.77-0.88x on 1024 -> 4096; on most other such cells 1.0-1.8x),
+//   and where it cannot (its CTAs fill the SMs) a split of 2 from 8 k-steps on at most half the SMs and none on more
+//   (session 41, M = 65-255, six shapes: where the rule changed, 0.57-1.09x the old path's time on the H100, 70
+//   cells, 3 of them 2-9 % slower; 0.57-0.96x on the H200, 15 cells; summed over all cells 0.80-0.93x;
+//   benchmarks/results/dsd_mid_rows_*.txt, dsd_split_k_NVIDIA_H200.txt).
 // Session 20 fitted the dds (120 cells, M = 128-768: the path before, SM80 below 256 rows and the 256-token kernel
 // from there, took 1.6x the best path's time in sum, the rule 1.01x; checked on M = 16-1536, 8192 -> 2048 and
 // 2048 -> 8192) and refitted the dsd after the empty-stage fix made its block-64 split-2 tiles 13-20 % faster (264
@@ -510,7 +514,7 @@ constexpr int64_t kFewRowsMaxRows = 2048;  // from here only tiles that fit on t
 constexpr int64_t kFewRowsMinRowsBlock64Dsd = 256;
 enum class Product { kDsd, kDds };
 int few_rows_split_for(Product product, int device, int block, int64_t m, int64_t nnz, int64_t cells, int64_t tiles,
-                       int64_t steps, int64_t sms) {
+                       int64_t steps, int64_t sms, bool sm80_dsd_unsplit = false) {
   // Blocks of 32 have one Hopper dsd / dds kernel (kernel_sm90_b32.cuh), no few-rows tiles.
   if (block == 32 || nnz <= 0 || g_few_rows_split == 0 || !hopper_device(device, block)) return 0;
   if (g_few_rows_split > 0) return int(g_few_rows_split);
@@ -522,7 +526,12 @@ int few_rows_split_for(Product product, int device, int block, int64_t m, int64_
   if (tiles > sms) return 0;
   const bool dsd = product == Product::kDsd;
   if (dsd && m < kFewRowsMinRowsBlock64Dsd) {
-    return 2 * tiles <= sms && 8 * tiles >= sms && steps >= 32 && 4 * nnz >= 3 * cells ? 2 : 0;
+    if (8 * tiles < sms) return 0;
+    // Where the SM80 kernel has too many CTAs to split its lines (sm80_dsd_unsplit) it runs whole lines in 64- or
+    // 128-row tiles: the few-rows tiles took 0.60-0.97x its time with a split of 2 on at most half the SMs from 8
+    // k-steps per line, 0.61-0.90x without a split on more (session 41).
+    if (sm80_dsd_unsplit) return 2 * tiles > sms ? 1 : steps >= 8 ? 2 : 0;
+    return 2 * tiles <= sms && steps >= 16 && 4 * nnz >= 3 * cells ? 2 : 0;
   }
   if (2 * tiles <= sms) return steps >= 12 && (!dsd || 4 * tiles >= sms) ? 2 : 0;
   return 1;
@@ -585,16 +594,16 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
   const int64_t sms = multiprocessor_count(x.device().index());
   const int64_t groups = block == 64 ? (pat.n_block_rows + 1) / 2 : pat.n_block_rows;  // lines per tile: 2 / 1
   const int64_t line_steps = pat.n_block_rows > 0 ? pat.nnz * (block / 64) / pat.n_block_rows : 0;
-  const int few_rows_split = few_rows_split_for(Product::kDsd, x.device().index(), block, m, pat.nnz,
-                                                pat.n_block_rows * pat.n_block_cols, groups * ((m + 127) / 128),
-                                                line_steps, sms);
   // Few rows of M: R x ceil(M / 128) CTAs cannot fill the GPU. From 128 to 255 rows the SM80 kernel then takes
   // 64-row tiles (twice the CTAs); H100, 4096 x 4096, blocks 64 / 128, densities 0.1-1.0: 0.63-1.0x the time of
   // 128-row tiles at M = 128-224 in all 32 cells, but up to 1.15x at M = 72-96, where the second tile is mostly
   // empty (benchmarks/results/ab_dsd_rows64_*.txt). Then, if still too few, each block row's blocks are split
-  // over several CTAs (fp32 partial sums added atomically, then bias and rounding).
+  // over several CTAs (fp32 partial sums, added with the bias by the tile's last CTA).
   const int64_t tile_rows = m >= 128 && m < 256 && pat.n_block_rows * ((m + 127) / 128) < sms ? 64 : 128;
   const int64_t ctas = pat.n_block_rows * ((m + tile_rows - 1) / tile_rows);
+  const int few_rows_split = few_rows_split_for(Product::kDsd, x.device().index(), block, m, pat.nnz,
+                                                pat.n_block_rows * pat.n_block_cols, groups * ((m + 127) / 128),
+                                                line_steps, sms, ctas >= sms);
   // Blocks of 128 from 256 rows: the Hopper kernel, even on too few CTAs for one wave, beat the split SM80 kernel
   // once it had >= 32 tiles (lines x 256-token tiles): H100, 4096 x 4096 and 1024 -> 4096, M = 256-768,
   // 0.40-1.01x its time in all 40 cells; with 8-24 tiles (4096 -> 1024) 0.92-2.2x, and blocks of 64 1.1-1.17x
