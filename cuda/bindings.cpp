@@ -492,12 +492,13 @@ int b32_sdd_mode(int64_t nnz, int64_t n_block_rows, int64_t n_block_cols, int64_
 //   GPU: a split of 2 on at most half the SMs from 12 k-steps per line, none on 0.5-1x the SMs. The dsd's SM80
 //   kernel splits each line's blocks over CTAs (and takes 64-row tiles below 256 rows), the dds's does not: for the
 //   dsd a split of 2 also needs a quarter of the SMs busy. Below 256 rows the dsd's tiles need an eighth of the SMs;
-//   where the SM80 kernel splits its lines they also need density >= 0.75 and lines of >= 16 k-steps (0.7-0.95x the
-//   SM80 kernels' time on 4096 x 4096 at density 1.0, 0.77-0.88x on 1024 -> 4096; on most other such cells 1.0-1.8x),
-//   and where it cannot (its CTAs fill the SMs) a split of 2 from 8 k-steps on at most half the SMs and none on more
-//   (session 41, M = 65-255, six shapes: where the rule changed, 0.57-1.09x the old path's time on the H100, 70
-//   cells, 3 of them 2-9 % slower; 0.57-0.96x on the H200, 15 cells; summed over all cells 0.80-0.93x;
-//   benchmarks/results/dsd_mid_rows_*.txt, dsd_split_k_NVIDIA_H200.txt).
+//   where the SM80 kernel splits its lines, a split of 2 on at most half the SMs with lines of >= 16 k-steps at
+//   density >= 0.5 or on a quarter of the SMs (session 20 had density >= 0.75 and 32 k-steps, when these tiles were
+//   slower), and where it cannot (its CTAs fill the SMs) a split of 2 from 8 k-steps on at most half the SMs and
+//   none on more. Session 41 (H100, M = 65-255, eight shapes, 236 cells of which 48 held out at M = 80 / 112: where
+//   the path changed, 99 cells, 0.57-1.10x the session-20 rule's time, 7 of them 2-10 % slower, the held-out ones
+//   all faster; summed per run 0.79-0.93x; on the H200's 72 cells summed 0.93x; benchmarks/results/
+//   dsd_mid_rows_*.txt, dsd_split_k_NVIDIA_H200.txt).
 // Session 20 fitted the dds (120 cells, M = 128-768: the path before, SM80 below 256 rows and the 256-token kernel
 // from there, took 1.6x the best path's time in sum, the rule 1.01x; checked on M = 16-1536, 8192 -> 2048 and
 // 2048 -> 8192) and refitted the dsd after the empty-stage fix made its block-64 split-2 tiles 13-20 % faster (264
@@ -531,7 +532,7 @@ int few_rows_split_for(Product product, int device, int block, int64_t m, int64_
     // 128-row tiles: the few-rows tiles took 0.60-0.97x its time with a split of 2 on at most half the SMs from 8
     // k-steps per line, 0.61-0.90x without a split on more (session 41).
     if (sm80_dsd_unsplit) return 2 * tiles > sms ? 1 : steps >= 8 ? 2 : 0;
-    return 2 * tiles <= sms && steps >= 16 && 4 * nnz >= 3 * cells ? 2 : 0;
+    return 2 * tiles <= sms && steps >= 16 && (2 * nnz >= cells || 4 * tiles >= sms) ? 2 : 0;
   }
   if (2 * tiles <= sms) return steps >= 12 && (!dsd || 4 * tiles >= sms) ? 2 : 0;
   return 1;
