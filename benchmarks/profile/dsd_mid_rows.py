@@ -10,7 +10,8 @@ still takes the SM80 split path wherever the split rule applies), the Hopper few
 graph of 20 calls, the same weight at every call (hot in L2). Written in session 13 to size the mid-M gap,
 extended in session 17 with the few-rows dsd: benchmarks/results/dsd_mid_rows_*.txt. --op dds times the
 dds (dx = dy W, the input gradient) the same way (session 20): dense dy @ W, no decode kernel, the SM80 kernel
-(no split), the 256-token kernel, the few-rows tiles.
+(no split), the 256-token kernel, the few-rows tiles. At the end a summary per shape (default / best / dense,
+summed) and the cells where the default path is more than 5 % off the best (session 41).
 """
 import argparse
 import os
@@ -27,6 +28,27 @@ from pytorch_block_sparse_ng import BlockSparseMatrix, _extension, _ops  # noqa:
 from bench_linear import time_graph_ms  # noqa: E402
 
 
+def summary(cells, miss=1.05):
+    """Per shape, the default path's, the best path's and dense's times summed (ms), then every cell where the
+    default path took more than `miss` times the best path's time. `cells`: ((k, n, m, block, density), times)
+    with the columns of the table (nan where a path does not apply)."""
+    paths = ("decode", "sm80", "hopper", 1, 2)
+    lines, shapes, misses = ["summary (ms summed per shape): default / best path / dense"], {}, []
+    for key, times in cells:
+        best_path = min((p for p in paths if times[p] == times[p]), key=lambda p: times[p])
+        sums = shapes.setdefault(key[:2], [0.0, 0.0, 0.0])
+        for i, value in enumerate((times["default"], times[best_path], times["dense"])):
+            sums[i] += value
+        if times["default"] > miss * times[best_path]:
+            name = {1: "few-rows split 1", 2: "few-rows split 2"}.get(best_path, best_path)
+            misses.append(f"  {key}: default {times['default']:.4f}, {name} {times[best_path]:.4f} "
+                          f"({times['default'] / times[best_path]:.2f}x)")
+    for (k, n), (default, best, dense) in shapes.items():
+        lines.append(f"  {k} -> {n}: {default:.3f} / {best:.3f} / {dense:.3f}")
+    lines.append(f"cells where the default path took > {miss}x the best path's time: {len(misses)}")
+    return "\n".join(lines + misses)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--m", default="65,96,128,192,256,320,384,512,768,1024")
@@ -39,6 +61,7 @@ def main():
     ops = _extension.get()
     print(f"{torch.cuda.get_device_name()} bf16 {args.op}; ms per call in a CUDA graph of 20 calls (hot weight)")
     print("   K    N    M block dens |  dense | decode |   sm80 | hop256 |  few 1 |  few 2 | default | default / dense")
+    cells = []
     for features in args.features.split(","):
         k, n = (int(v) for v in features.split("x"))
         for m in (int(v) for v in args.m.split(",")):
@@ -77,6 +100,8 @@ def main():
                     print(f"{k:4d} {n:4d} {m:4d} {block:5d} {density:4.2f} | {dense:.4f} | {times['decode']:.4f} | "
                           f"{times['sm80']:.4f} | {times['hopper']:.4f} | {times[1]:.4f} | {times[2]:.4f} | "
                           f"{times['default']:.4f} | {dense / times['default']:.2f}x", flush=True)
+                    cells.append(((k, n, m, block, density), {**times, "dense": dense}))
+    print(summary(cells))
 
 
 if __name__ == "__main__":
