@@ -1,6 +1,6 @@
 // Counters that a kernel finds zeroed at its start and leaves zeroed at its end (the Hopper dsd / dds tile
-// counter, the sdd's piece and tail counters, the one-block sdd's row counters): no memset per call, in eager mode
-// or in a CUDA graph.
+// counter, the sdd's piece and tail counters, the one-block sdd's row counters, the split SM80 dsd's tile
+// counters): no memset per call, in eager mode or in a CUDA graph.
 #pragma once
 
 #include <cstdint>

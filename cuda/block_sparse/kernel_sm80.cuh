@@ -242,6 +242,20 @@ __device__ __forceinline__ void add_tile_atomic(Accum const& tCrC, float* out, i
   }
 }
 
+// Threadfence reduction (CUDA programming guide): each CTA has written its partial results; it counts itself on
+// `counter` and learns whether it is the last of `arrivals` CTAs, which then reads the others' results (from L2:
+// __ldcg) and must zero the counter for the next launch. Every thread of the CTA calls it.
+__device__ __forceinline__ bool last_cta_to_arrive(int* counter, int arrivals) {
+  __shared__ int last;
+  __threadfence();  // this CTA's results are visible GPU-wide before the CTA is counted
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == arrivals - 1;
+  __syncthreads();
+  if (!last) return false;
+  __threadfence();
+  return true;
+}
+
 // One of `splits` CTAs of an output tile: stores its fp32 partial sums into its slice (blockIdx.z) of the parts
 // (slice 0's tile at `parts`, slices `slice` floats apart, rows ld apart); the last of the tile's CTAs to finish
 // (its `counter`, zero at the launch) adds the slices in split order (the same bits whichever CTA finishes last)
@@ -262,13 +276,7 @@ __device__ __forceinline__ void finish_split_tile(Accum const& tCrC, float* part
     const int r = get<0>(tCcC(i));
     if (r < rows_valid) *reinterpret_cast<float2*>(own + r * ld + get<1>(tCcC(i))) = make_float2(tCrC(i), tCrC(i + 1));
   }
-  __threadfence();  // this CTA's slice is visible GPU-wide before the CTA is counted
-  __syncthreads();
-  __shared__ int last;
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == splits - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!last_cta_to_arrive(counter, splits)) return;
   // Each thread sums a fixed column pair of every (kThreads / kPairsPerRow)-th row (row-contiguous accesses), a
   // batch of rows at a time whose loads of one slice are all in flight together: slice after slice one pair at a
   // time, the loads were latency-bound (slower than the old zeroing, bias and cast kernels at 4 splits). Batches,

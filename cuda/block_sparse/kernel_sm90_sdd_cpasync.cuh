@@ -66,13 +66,7 @@ struct Params {
 // them up in block order, then zeroes the row's counter for the next launch.
 template <class Cfg>
 __device__ __forceinline__ void finish_row_sum(const Params& p, int row, int first, int count) {
-  __shared__ int last;
-  __threadfence();  // this CTA's part, visible before its arrival is counted
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(p.bias_counters + row, 1) == count - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!sm80::last_cta_to_arrive(p.bias_counters + row, count)) return;
   constexpr int B = Cfg::kBlock;
   if (threadIdx.x < B) {
     float sum = 0.f;
