@@ -486,12 +486,19 @@ int b32_sdd_mode(int64_t nnz, int64_t n_block_rows, int64_t n_block_cols, int64_
 // Measured on an H100 (bf16, hot weight, graphs of 20 calls; 4096 x 4096, 1024 -> 4096, 4096 -> 1024, densities
 // 0.1-1.0; benchmarks/profile/dsd_mid_rows.py, benchmarks/results/{dsd,dds}_mid_rows_*.txt):
 // - blocks of 128: a split of 2 where the tiles fill at most half the SMs and the lines are long (>= 24 k-steps),
-//   else none, while the tiles fit on the SMs, and on up to twice the SMs at density <= 0.5 (above that, or on
-//   more tiles, the 256-token kernel was faster);
+//   else none, while the tiles fit on the SMs, and on up to twice the SMs at density <= 0.5 with lines of < 48
+//   k-steps (above that, or on more tiles, the 256-token kernel was faster; session 42, H200: with lines of 51-64
+//   k-steps on 1.2-1.9x the SMs the tiles took 0.97-1.25x its time, summed 1.08x, in 9 dsd cells, 8192 -> 2048 /
+//   3072 at M = 1024-1792, and 1.03-1.21x, summed 1.11x, in 6 dds cells, 2048 -> 8192 at M = 1280-1792; 1.19x on
+//   the H100 in session 20's 8192 -> 2048 at M = 1280);
 // - blocks of 64: the tile's two lines load the union of their blocks, so the tiles win where their CTAs fill the
 //   GPU: a split of 2 on at most half the SMs from 12 k-steps per line, none on 0.5-1x the SMs. The dsd's SM80
 //   kernel splits each line's blocks over CTAs (and takes 64-row tiles below 256 rows), the dds's does not: for the
-//   dsd a split of 2 also needs a quarter of the SMs busy. Below 256 rows the dsd's tiles need an eighth of the SMs;
+//   dsd a split of 2 also needs an eighth of the SMs busy (a quarter until session 42: on 1/8-1/4 of the SMs the
+//   split took 0.67-0.97x the SM80 kernel's time in the 10 cells of the fit, H200, 4096 -> 1024 at M = 384 / 512
+//   and 8192 -> 2048 at M = 256, and 0.66-1.02x in the 22 held out, 4096 -> 768 / 1024 / 2048 and 8192 -> 1536 at
+//   M = 256-640, summed 0.79x; H100, session 20's 4096 -> 1024 at M = 320-512, 0.73-1.08x in 12, summed 0.88x).
+//   Below 256 rows the dsd's tiles need an eighth of the SMs;
 //   where the SM80 kernel splits its lines, a split of 2 on at most half the SMs with lines of >= 16 k-steps at
 //   density >= 0.5 or on a quarter of the SMs (session 20 had density >= 0.75 and 32 k-steps, when these tiles were
 //   slower), and where it cannot (its CTAs fill the SMs) a split of 2 from 8 k-steps on at most half the SMs and
@@ -522,7 +529,7 @@ int few_rows_split_for(Product product, int device, int block, int64_t m, int64_
   if (m >= kFewRowsMaxRows && tiles > sms) return 0;
   if (block == 128) {
     if (tiles <= sms) return 2 * tiles <= sms && steps >= 24 ? 2 : 1;
-    return tiles <= 2 * sms && 2 * nnz <= cells ? 1 : 0;
+    return tiles <= 2 * sms && 2 * nnz <= cells && steps < 48 ? 1 : 0;
   }
   if (tiles > sms) return 0;
   const bool dsd = product == Product::kDsd;
@@ -534,7 +541,7 @@ int few_rows_split_for(Product product, int device, int block, int64_t m, int64_
     if (sm80_dsd_unsplit) return 2 * tiles > sms ? 1 : steps >= 8 ? 2 : 0;
     return 2 * tiles <= sms && steps >= 16 && (2 * nnz >= cells || 4 * tiles >= sms) ? 2 : 0;
   }
-  if (2 * tiles <= sms) return steps >= 12 && (!dsd || 4 * tiles >= sms) ? 2 : 0;
+  if (2 * tiles <= sms) return steps >= 12 && (!dsd || 8 * tiles >= sms) ? 2 : 0;
   return 1;
 }
 

@@ -400,6 +400,7 @@ def test_hopper_few_rows_with_many_empty_key_ranges():
     (200, 64, 1.0, 4096), (256, 64, 0.4, 4096), (400, 64, 0.8, 4096),  # blocks of 64: few-rows, split 2 / 2 / 1
     (256, 64, 0.15, 4096), (700, 64, 0.2, 4096),  # ... the SM80 kernels, the 256-token kernel (bindings.cpp's rule)
     (96, 64, 0.5, 4096), (160, 64, 0.5, 4096), (200, 64, 0.3, 8192),  # below 256 rows (session 41): split 2 / 2 / 1
+    (384, 64, 0.5, 1024),  # tiles on an eighth to a quarter of the SMs (session 42): split 2
 ])
 def test_few_rows_default_path_in_the_layer(m, block, density, out_features):
     """BlockSparseLinear at a few hundred tokens (the default path: on Hopper GPUs the few-rows dsd or, for blocks
