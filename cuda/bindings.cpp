@@ -317,14 +317,14 @@ int64_t set_hopper_min_rows(int64_t rows) {
 }
 
 // The Hopper dsd and dds for few rows of M (kernel_sm90_ws.cuh, Config's Tokens_ / Split_): 128-token tiles whose
-// reduction is split over 1 or 2 CTAs of a thread-block cluster, which add their fp32 sums through distributed
+// reduction is split over 1, 2 or 4 CTAs of a thread-block cluster, which add their fp32 sums through distributed
 // shared memory (no workspace, no extra kernels). -1 (default): few_rows_split_for below decides; 0: never (the
-// SM80 kernels, or the 256-token kernel from set_hopper_min_rows); 1 or 2: that split wherever the Hopper kernels
-// run (tests, benchmarks).
+// SM80 kernels, or the 256-token kernel from set_hopper_min_rows); 1, 2 or 4: that split wherever the Hopper
+// kernels run (tests, benchmarks).
 int64_t g_few_rows_split = -1;
 int64_t set_hopper_few_rows_split(int64_t split) {
-  PBSNG_CHECK_VALUE(split >= -1 && split <= 2, "set_hopper_few_rows_split: split=", split,
-                    " must be -1 (auto), 0 (off), 1 or 2");
+  PBSNG_CHECK_VALUE(split >= -1 && split <= 4 && split != 3, "set_hopper_few_rows_split: split=", split,
+                    " must be -1 (auto), 0 (off), 1, 2 or 4");
   return std::exchange(g_few_rows_split, split);
 }
 
@@ -521,11 +521,10 @@ int b32_sdd_mode(int64_t nnz, int64_t n_block_rows, int64_t n_block_cols, int64_
 constexpr int64_t kFewRowsMaxRows = 2048;  // from here only tiles that fit on the SMs (see above)
 constexpr int64_t kFewRowsMinRowsBlock64Dsd = 256;
 enum class Product { kDsd, kDds };
-int few_rows_split_for(Product product, int device, int block, int64_t m, int64_t nnz, int64_t cells, int64_t tiles,
-                       int64_t steps, int64_t sms, bool sm80_dsd_unsplit = false) {
-  // Blocks of 32 have one Hopper dsd / dds kernel (kernel_sm90_b32.cuh), no few-rows tiles.
-  if (block == 32 || nnz <= 0 || g_few_rows_split == 0 || !hopper_device(device, block)) return 0;
-  if (g_few_rows_split > 0) return int(g_few_rows_split);
+
+// The few-rows split of 1 or 2 (or 0: another kernel), before few_rows_split_for's split of 4.
+int few_rows_split_of_2_for(Product product, int block, int64_t m, int64_t nnz, int64_t cells, int64_t tiles,
+                            int64_t steps, int64_t sms, bool sm80_dsd_unsplit) {
   if (m >= kFewRowsMaxRows && tiles > sms) return 0;
   if (block == 128) {
     if (tiles <= sms) return 2 * tiles <= sms && steps >= 24 ? 2 : 1;
@@ -543,6 +542,27 @@ int few_rows_split_for(Product product, int device, int block, int64_t m, int64_
   }
   if (2 * tiles <= sms) return steps >= 12 && (!dsd || 8 * tiles >= sms) ? 2 : 0;
   return 1;
+}
+
+int few_rows_split_for(Product product, int device, int block, int64_t m, int64_t nnz, int64_t cells, int64_t tiles,
+                       int64_t steps, int64_t sms, bool sm80_dsd_unsplit = false) {
+  // Blocks of 32 have one Hopper dsd / dds kernel (kernel_sm90_b32.cuh), no few-rows tiles.
+  if (block == 32 || nnz <= 0 || g_few_rows_split == 0 || !hopper_device(device, block)) return 0;
+  if (g_few_rows_split > 0) return int(g_few_rows_split);
+  const int split = few_rows_split_of_2_for(product, block, m, nnz, cells, tiles, steps, sms, sm80_dsd_unsplit);
+  // Few tiles with long lines: a split of 4 (session 42). Its 4-CTA clusters should all be resident at once (30 on
+  // an H200's 132 SMs: a cluster's CTAs share a GPC), hence tiles on at most 3/16 of the SMs. H200, fit on dsd
+  // 4096 / 8192 -> 1024 and dds 1024 -> 4096 at M = 65-1024 (dsd_mid_rows_NVIDIA_H200.txt, session 42): with lines
+  // of >= 24 k-steps the split of 4 took 0.57-0.99x the time of the path before in the 43 cells where it is taken
+  // (summed 0.78x); with 16 k-steps it was no faster than a split of 2; on 32 tiles (a second wave of clusters)
+  // 1.3-1.5x. Held out (dsd 6144 -> 1024, 2048 -> 512, 8192 -> 768, dds 768 -> 4096, 1024 -> 8192, M = 96-448):
+  // 0.65-0.99x in all 104 cells where it is taken (summed 0.77x). Not over the SM80 kernels of blocks of 64 below
+  // 256 rows (the dsd's rule above keeps them): there it lost in some cells of the fit (1.16x at M = 128, density
+  // 0.5) and won in 16 held-out ones (0.73-0.93x).
+  if (16 * tiles <= 3 * sms && steps >= 24 && (split > 0 || block == 128 || product == Product::kDds || m >= 256)) {
+    return 4;
+  }
+  return split;
 }
 
 // A dsd / dds with blocks of 64 between 256 and kFewRowsMaxRows rows that the few-rows tiles do not take runs the

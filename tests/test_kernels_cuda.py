@@ -312,7 +312,7 @@ def test_hopper_few_rows_dsd_and_dds(case):
     ref_dx = reference.dds(dy.float(), data.float(), *index)
     previous_decode = _ops.set_decode_max_rows(0)
     try:
-        for split in (1, 2):
+        for split in (1, 2, 4):
             previous = _ops.set_hopper_few_rows_split(split)
             try:
                 y = OPS.dsd(x, data, bias, *index)
@@ -377,7 +377,7 @@ def test_hopper_few_rows_with_many_empty_key_ranges():
                     bias = torch.randn(out_features, generator=g).cuda().bfloat16()
                     ref = reference.dsd(x.float(), data.float(), bias.float(), *index)
                     ref_dx = reference.dds(dy.float(), data.float(), *index)
-                    for split in (2, 1):
+                    for split in (4, 2, 1):
                         _ops.set_hopper_few_rows_split(split)
                         for _ in range(3):
                             case = f"seed {seed}, block {block}, m {m}, split {split}"
@@ -401,6 +401,7 @@ def test_hopper_few_rows_with_many_empty_key_ranges():
     (256, 64, 0.15, 4096), (700, 64, 0.2, 4096),  # ... the SM80 kernels, the 256-token kernel (bindings.cpp's rule)
     (96, 64, 0.5, 4096), (160, 64, 0.5, 4096), (200, 64, 0.3, 8192),  # below 256 rows (session 41): split 2 / 2 / 1
     (384, 64, 0.5, 1024),  # tiles on an eighth to a quarter of the SMs (session 42): split 2
+    (256, 64, 1.0, 1024), (128, 128, 0.5, 1024),  # few tiles, long lines (session 42): split 4
 ])
 def test_few_rows_default_path_in_the_layer(m, block, density, out_features):
     """BlockSparseLinear at a few hundred tokens (the default path: on Hopper GPUs the few-rows dsd or, for blocks
@@ -1437,8 +1438,9 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
     assert _ops.set_backward_overlap(True) is False
     assert _ops.set_hopper_few_rows_split(2) == -1
     assert _ops.set_hopper_few_rows_split(-1) == 2
-    with pytest.raises(ValueError, match=r"split=4 must be -1 \(auto\), 0 \(off\), 1 or 2"):
-        _ops.set_hopper_few_rows_split(4)
+    for split in (3, 5):
+        with pytest.raises(ValueError, match=rf"split={split} must be -1 \(auto\), 0 \(off\), 1, 2 or 4"):
+            _ops.set_hopper_few_rows_split(split)
     assert _ops.set_hopper_blocks_of_32(1) == -1
     assert _ops.set_hopper_blocks_of_32(-1) == 1
     with pytest.raises(ValueError, match=r"mode=2 must be -1 \(auto\), 0 \(off\) or 1"):

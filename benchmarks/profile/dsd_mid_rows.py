@@ -2,19 +2,21 @@
 
     python benchmarks/profile/dsd_mid_rows.py [--m 65,128,...] [--features 4096x4096,...]
 
-For bf16 weights (blocks 64 / 128, densities 0.1-1.0): dense F.linear, the decode kernel (M <= 64), the SM80
-tiled kernels (Hopper kernels off; below ~128 x SMs / block rows tokens they split each row's blocks over CTAs
-into an fp32 workspace), the Hopper 256-token kernel (minimum rows lowered to 1, few-rows dsd off; the binding
-still takes the SM80 split path wherever the split rule applies), the Hopper few-rows dsd forced to each split
-(128-token tiles, the reduction split over 1 or 2 CTAs of a cluster) and the default path. Per call in a CUDA
-graph of 20 calls, the same weight at every call (hot in L2). Written in session 13 to size the mid-M gap,
-extended in session 17 with the few-rows dsd: benchmarks/results/dsd_mid_rows_*.txt. --op dds times the
-dds (dx = dy W, the input gradient) the same way (session 20): dense dy @ W, no decode kernel, the SM80 kernel
-(no split), the 256-token kernel, the few-rows tiles. At the end a summary per shape (default / best / dense,
-summed) and the cells where the default path is more than 5 % off the best (session 41).
+For bf16 weights (blocks 64 / 128, densities 0.1-1.0): dense F.linear, the decode kernel (M <= 64), the SM80 tiled
+kernels (Hopper kernels off; below ~128 x SMs / block rows tokens they split each row's blocks over CTAs into an
+fp32 workspace), the Hopper 256-token kernel (minimum rows lowered to 1, few-rows dsd off; the binding still takes
+the SM80 split path wherever the split rule applies), the Hopper few-rows dsd forced to each split (128-token tiles,
+the reduction split over 1, 2 or 4 CTAs of a cluster; 4 since session 42) and the default path. Per call in a CUDA
+graph of 20 calls, the same weight at every call (hot in L2). Written in session 13 to size the mid-M gap, extended
+in session 17 with the few-rows dsd: benchmarks/results/dsd_mid_rows_*.txt. --op dds times the dds (dx = dy W, the
+input gradient) the same way (session 20): dense dy @ W, no decode kernel, the SM80 kernel (no split), the 256-token
+kernel, the few-rows tiles. At the end a summary per shape (default / best / dense, summed) and the cells where the
+default path is more than 5 % off the best (session 41). Since session 42 every path of a cell (dense too) is
+captured first and the graphs are timed in --rounds rounds of rotating order.
 """
 import argparse
 import os
+import statistics
 import sys
 
 import torch
@@ -25,14 +27,32 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from pytorch_block_sparse_ng import BlockSparseMatrix, _extension, _ops  # noqa: E402
 
-from bench_linear import time_graph_ms  # noqa: E402
+from bench_linear import graph_timers, rounds_ms  # noqa: E402
+
+
+def with_knobs(run, decode=None, min_rows=None, few=None, b32=None):
+    """run() with the binding's path knobs set for the call (and restored after it)."""
+    knobs = [(setter, value) for setter, value in ((_ops.set_decode_max_rows, decode),
+                                                   (_ops.set_hopper_min_rows, min_rows),
+                                                   (_ops.set_hopper_few_rows_split, few),
+                                                   (_ops.set_hopper_blocks_of_32, b32)) if value is not None]
+
+    def call():
+        previous = [(setter, setter(value)) for setter, value in knobs]
+        try:
+            run()
+        finally:
+            for setter, value in reversed(previous):
+                setter(value)
+
+    return call
 
 
 def summary(cells, miss=1.05):
     """Per shape, the default path's, the best path's and dense's times summed (ms), then every cell where the
     default path took more than `miss` times the best path's time. `cells`: ((k, n, m, block, density), times)
     with the columns of the table (nan where a path does not apply)."""
-    paths = ("decode", "sm80", "hopper", 1, 2)
+    paths = ("decode", "sm80", "hopper", 1, 2, 4)
     lines, shapes, misses = ["summary (ms summed per shape): default / best path / dense"], {}, []
     for key, times in cells:
         best_path = min((p for p in paths if times[p] == times[p]), key=lambda p: times[p])
@@ -40,7 +60,7 @@ def summary(cells, miss=1.05):
         for i, value in enumerate((times["default"], times[best_path], times["dense"])):
             sums[i] += value
         if times["default"] > miss * times[best_path]:
-            name = {1: "few-rows split 1", 2: "few-rows split 2"}.get(best_path, best_path)
+            name = {1: "few-rows split 1", 2: "few-rows split 2", 4: "few-rows split 4"}.get(best_path, best_path)
             misses.append(f"  {key}: default {times['default']:.4f}, {name} {times[best_path]:.4f} "
                           f"({times['default'] / times[best_path]:.2f}x)")
     for (k, n), (default, best, dense) in shapes.items():
@@ -56,11 +76,14 @@ def main():
     parser.add_argument("--op", default="dsd", choices=("dsd", "dds"))
     parser.add_argument("--densities", default="0.1,0.25,0.5,1.0")
     parser.add_argument("--blocks", default="64,128", help="32 too: its Hopper kernel has no few-rows tiles (nan)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every path's graph, in rotating order")
+    parser.add_argument("--reps", type=int, default=15, help="replays timed per path and round (median)")
     args = parser.parse_args()
     dds = args.op == "dds"
     ops = _extension.get()
     print(f"{torch.cuda.get_device_name()} bf16 {args.op}; ms per call in a CUDA graph of 20 calls (hot weight)")
-    print("   K    N    M block dens |  dense | decode |   sm80 | hop256 |  few 1 |  few 2 | default | default / dense")
+    print("   K    N    M block dens |  dense | decode |   sm80 | hop256 |  few 1 |  few 2 |  few 4 | default | "
+          "default / dense")
     cells = []
     for features in args.features.split(","):
         k, n = (int(v) for v in features.split("x"))
@@ -68,7 +91,7 @@ def main():
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-            dense = time_graph_ms((lambda: dy @ w) if dds else (lambda: F.linear(x, w)), 20, 30)
+            dense = (lambda: dy @ w) if dds else (lambda: F.linear(x, w))  # noqa: E731
             for block in (int(b) for b in args.blocks.split(",")):
                 for density in (float(d) for d in args.densities.split(",")):
                     mat = BlockSparseMatrix.randn((n, k), density=density, block_shape=(block, block),
@@ -78,29 +101,26 @@ def main():
                         run = lambda: ops.dds(dy, data, *index)  # noqa: E731
                     else:
                         run = lambda: ops.dsd(x, data, None, *index)  # noqa: E731
-                    times = {"default": time_graph_ms(run, 20, 30)}
-                    previous_decode = _ops.set_decode_max_rows(64)
-                    previous_min = _ops.set_hopper_min_rows(1 << 30)
-                    previous_few = _ops.set_hopper_few_rows_split(0)
-                    try:
-                        times["decode"] = time_graph_ms(run, 20, 30) if m <= 64 and not dds else float("nan")
-                        _ops.set_decode_max_rows(0)
-                        times["sm80"] = time_graph_ms(run, 20, 30)
-                        _ops.set_hopper_min_rows(1)
-                        previous_b32 = _ops.set_hopper_blocks_of_32(1)  # blocks of 32: not only where the rule takes it
-                        times["hopper"] = time_graph_ms(run, 20, 30)
-                        _ops.set_hopper_blocks_of_32(previous_b32)
-                        for split in (1, 2):
-                            _ops.set_hopper_few_rows_split(split)
-                            times[split] = time_graph_ms(run, 20, 30) if block != 32 else float("nan")
-                    finally:
-                        _ops.set_hopper_min_rows(previous_min)
-                        _ops.set_decode_max_rows(previous_decode)
-                        _ops.set_hopper_few_rows_split(previous_few)
-                    print(f"{k:4d} {n:4d} {m:4d} {block:5d} {density:4.2f} | {dense:.4f} | {times['decode']:.4f} | "
+                    # Each path's graph is captured with its knobs set (the binding picks the kernel on the host,
+                    # at capture), then all are timed in rounds of rotating order (rounds_ms): timed one after the
+                    # other, the first (default) path had read up to 14 % slower than the same kernel under its
+                    # own knob (H200, session 42), the GPU's clock drifting under the sustained load.
+                    paths = {"default": {}, "sm80": dict(decode=0, min_rows=1 << 30, few=0),
+                             "hopper": dict(decode=0, min_rows=1, few=0, b32=1)}
+                    if m <= 64 and not dds:
+                        paths["decode"] = dict(decode=64, min_rows=1 << 30, few=0)
+                    if block != 32:
+                        paths.update({split: dict(decode=0, min_rows=1, few=split) for split in (1, 2, 4)})
+                    timers = graph_timers({"dense": dense, **{path: with_knobs(run, **knobs)
+                                                              for path, knobs in paths.items()}}, 20, args.reps)
+                    times = {path: statistics.median(t) for path, t in rounds_ms(timers, args.rounds).items()}
+                    times = {"decode": float("nan"), 1: float("nan"), 2: float("nan"), 4: float("nan"), **times}
+                    print(f"{k:4d} {n:4d} {m:4d} {block:5d} {density:4.2f} | {times['dense']:.4f} | "
+                          f"{times['decode']:.4f} | "
                           f"{times['sm80']:.4f} | {times['hopper']:.4f} | {times[1]:.4f} | {times[2]:.4f} | "
-                          f"{times['default']:.4f} | {dense / times['default']:.2f}x", flush=True)
-                    cells.append(((k, n, m, block, density), {**times, "dense": dense}))
+                          f"{times[4]:.4f} | "
+                          f"{times['default']:.4f} | {times['dense'] / times['default']:.2f}x", flush=True)
+                    cells.append(((k, n, m, block, density), times))
     print(summary(cells))
 
 

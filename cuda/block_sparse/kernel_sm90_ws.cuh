@@ -79,9 +79,10 @@ struct Config {
   static_assert(Block == 64 || Block == 128, "blocks of 64 or 128");
   static_assert(Stages_ == 3 || Stages_ == 4, "3 or 4 pipeline stages");
   static_assert(Tokens_ == 256 || Tokens_ == 128, "tiles of 256 or 128 tokens");
-  // Splits of 4 were correct but slower than 2 in every cell measured (H100, 4096 x 4096, M = 65-1024: clusters of
-  // 4 CTAs of ~200 KB fit fewer at a time; benchmarks/results/dsd_mid_rows_*.txt, session 17), so not built.
-  static_assert(Split_ == 1 || (Tokens_ == 128 && Split_ == 2), "a split of 2 CTAs, 128 tokens");
+  // Splits of 4 (session 42) for narrow products, whose tiles fill too few SMs even with a split of 2. Session 17
+  // had measured them slower than 2 in every cell on 4096 x 4096 (M = 65-1024), where a split of 2 already fills
+  // the SMs, with a grid of SMs / 4 = 33 clusters: more than fit at a time (see resident_clusters).
+  static_assert(Split_ == 1 || (Tokens_ == 128 && (Split_ == 2 || Split_ == 4)), "a split of 2 or 4 CTAs, 128 tokens");
   static constexpr int kLinesPerTile = Block == 64 ? 2 : 1;
   static constexpr int kTokens = Tokens_, kFeatures = 128, BK = 64, kStages = Stages_, kSplit = Split_;
   // The output tile is staged in shared memory in parts of kOutTokens tokens: 4 stages of 48 KB leave room for
@@ -755,6 +756,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
 #endif
 }
 
+// How many clusters of the split's CTAs are resident at once (the round-robin grid; more would wait for a second
+// wave). CTAs of ~200 KB take an SM each and a cluster's CTAs share a GPC: on an H200 (132 SMs) 66 clusters of 2
+// and 30 of 4 (120 CTAs; cudaOccupancyMaxActiveClusters, session 42). Asked once per device; SMs / split if the
+// query fails.
+template <class Cfg>
+cudaError_t resident_clusters(const cudaLaunchConfig_t& config, int sms, int* clusters) {
+  static std::atomic<int> known[64];  // per device; 0: not asked yet (zero-initialised: static)
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  int count = device < 64 ? known[device].load(std::memory_order_relaxed) : 0;
+  if (count == 0) {
+    cudaLaunchConfig_t query = config;
+    query.gridDim = dim3(unsigned(std::max(1, sms / Cfg::kSplit) * Cfg::kSplit));
+    if (cudaOccupancyMaxActiveClusters(&count, ws_kernel<Cfg>, &query) != cudaSuccess || count <= 0) {
+      (void)cudaGetLastError();  // not sticky: clear it
+      count = sms / Cfg::kSplit;
+    }
+    count = std::max(1, std::min(count, sms / Cfg::kSplit));
+    if (device < 64) known[device].store(count, std::memory_order_relaxed);
+  }
+  *clusters = count;
+  return cudaSuccess;
+}
+
 // Host side: tensor maps through the driver entry point (no link against libcuda).
 // The driver's cuTensorMapEncodeTiled, looked up once; the lookup's error if it fails.
 inline cudaError_t tensor_map_encoder(PFN_cuTensorMapEncodeTiled_v12000* out) {
@@ -861,9 +887,7 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
     ws_kernel<Cfg><<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
     return cudaGetLastError();
   } else {
-    const int clusters = int(std::min<int64_t>(tiles, std::max(1, sms / Cfg::kSplit)));
     cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(unsigned(clusters * Cfg::kSplit));
     config.blockDim = dim3(Cfg::kThreads);
     config.dynamicSmemBytes = Cfg::kSmemBytes;
     config.stream = stream;
@@ -874,6 +898,10 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
     cluster.val.clusterDim.z = 1;
     config.attrs = &cluster;
     config.numAttrs = 1;
+    int clusters = 0;
+    err = resident_clusters<Cfg>(config, sms, &clusters);
+    if (err != cudaSuccess) return err;
+    config.gridDim = dim3(unsigned(std::min<int64_t>(tiles, clusters) * Cfg::kSplit));
     return cudaLaunchKernelEx(&config, ws_kernel<Cfg>, p);
   }
 }
@@ -899,7 +927,7 @@ cudaError_t launch_for_block(int block, int stages, const void* act, int64_t m, 
   }
 }
 
-// dsd / dds with few rows of M: 128-token tiles whose reduction is split over `split` CTAs (1 or 2).
+// dsd / dds with few rows of M: 128-token tiles whose reduction is split over `split` CTAs (1, 2 or 4).
 template <class T, bool TransposeW>
 cudaError_t launch_few_rows(int block, int split, const void* act, int64_t m, int n_other, const void* data,
                             int64_t nnz, const int32_t* offsets, const int32_t* keys, const int32_t* slots,
@@ -914,6 +942,8 @@ cudaError_t launch_few_rows(int block, int split, const void* act, int64_t m, in
     PBSNG_SM90WS_FEW_ROWS_CASE(64, 2)
     PBSNG_SM90WS_FEW_ROWS_CASE(128, 1)
     PBSNG_SM90WS_FEW_ROWS_CASE(128, 2)
+    PBSNG_SM90WS_FEW_ROWS_CASE(64, 4)
+    PBSNG_SM90WS_FEW_ROWS_CASE(128, 4)
 #undef PBSNG_SM90WS_FEW_ROWS_CASE
     default: return cudaErrorInvalidValue;
   }
