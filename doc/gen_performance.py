@@ -38,6 +38,16 @@ and its clock drifts (1.26-1.98 GHz within a second), so a cell timed once can m
 `benchmarks/bar_cells.py` times the project's target cells with dense and STK in the same rounds
 (`benchmarks/results/bar_cells_*.txt`). How the kernels work and why the numbers are what they are:
 [kernels.md](kernels.md).
+
+Between decode and large batches (65 to ~2000 tokens per call) the tables below have no rows; the forward and
+the input gradient there are timed per path by `benchmarks/profile/dsd_mid_rows.py`
+(`benchmarks/results/{dsd,dds}_mid_rows_*.txt`). Sparse layers pay off there at low density and on wide layers;
+narrow layers (about 1024 features or fewer on the side the tiles cover: the outputs of the forward, the inputs of
+the input gradient) have too few tiles to fill the GPU and can be slower than dense at any density. For example
+(H200, bf16, session 42, forward in a CUDA graph): 4096 -> 4096 at 512 tokens, blocks of 128, 0.0089 / 0.0129 /
+0.0182 / 0.0281 ms at density 0.1 / 0.25 / 0.5 / 1.0 against dense 0.0236; 4096 -> 1024 at 256 tokens, blocks of
+64, 0.0101 / 0.0134 / 0.0136 / 0.0148 ms against dense 0.0087 (the paths the rules take; `dsd_mid_rows`
+run 4).
 """
 
 NO_RESULTS = """## Results
