@@ -1214,6 +1214,40 @@ def _run_in_a_fresh_process(code, timeout=600):
 
 @pytest.mark.cuda
 @requires_kernels
+@pytest.mark.skipif(not (OPS is not None and HAS_GPU and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the Hopper kernels run on sm_90 GPUs only")
+def test_few_rows_clusters_first_launched_inside_graph_capture():
+    """The few-rows kernels with a split ask once per process how many of their clusters are resident at once
+    (cudaOccupancyMaxActiveClusters) before their first launch: that first launch may be inside a CUDA graph
+    capture, which the query must not break. Fresh process, so that nothing is cached."""
+    code = """if True:
+        import sys
+        import torch
+        sys.path.insert(0, "tests")
+        from test_kernels_cuda import OPS, assert_like_torch
+        from pytorch_block_sparse_ng import BlockSparseMatrix, _ops, reference
+        w = BlockSparseMatrix.randn((1024, 4096), density=1.0, block_shape=(64, 64), dtype=torch.float32,
+                                    generator=torch.Generator().manual_seed(3)).to("cuda")
+        index, data = w.indices(), w.data.detach().bfloat16()
+        dense_t = w.to_dense(data.float()).detach().bfloat16()
+        x = torch.randn(256, 4096, device="cuda").bfloat16()
+        for split in (4, 2):
+            _ops.set_hopper_few_rows_split(split)
+            graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.graph(graph, stream=stream):
+                y = OPS.dsd(x, data, None, *index)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert_like_torch(f"split {split}, first launched in a capture", y,
+                              reference.dsd(x.float(), data.float(), None, *index), x @ dense_t.t())
+        print("ok")
+    """
+    _run_in_a_fresh_process(code, timeout=300)
+
+
+@pytest.mark.cuda
+@requires_kernels
 def test_torch_compile_fullgraph_as_the_first_call_in_a_process():
     """A model compiled before any eager call: the extension is loaded at import, not traced (a regression: its
     lazy loading under torch.compile broke the graph)."""
