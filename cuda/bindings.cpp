@@ -559,10 +559,8 @@ int few_rows_split_for(Product product, int device, int block, int64_t m, int64_
   // 0.65-0.99x in all 104 cells where it is taken (summed 0.77x). Not over the SM80 kernels of blocks of 64 below
   // 256 rows (the dsd's rule above keeps them): there it lost in some cells of the fit (1.16x at M = 128, density
   // 0.5) and won in 16 held-out ones (0.73-0.93x).
-  if (16 * tiles <= 3 * sms && steps >= 24 && (split > 0 || block == 128 || product == Product::kDds || m >= 256)) {
-    return 4;
-  }
-  return split;
+  const bool sm80_kept = product == Product::kDsd && block == 64 && m < kFewRowsMinRowsBlock64Dsd && split == 0;
+  return 16 * tiles <= 3 * sms && steps >= 24 && !sm80_kept ? 4 : split;
 }
 
 // A dsd / dds with blocks of 64 between 256 and kFewRowsMaxRows rows that the few-rows tiles do not take runs the
@@ -963,8 +961,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the previous mode",
         pybind11::arg("mode"));
   m.def("set_hopper_few_rows_split", &pbsng::set_hopper_few_rows_split,
-        "dsd and dds with few rows of M on Hopper: -1 (default) picks 128-token tiles split over 1 or 2 CTAs of a "
-        "cluster by the rules in bindings.cpp, 0 never, 1 / 2 that split wherever the Hopper kernels run; returns "
+        "dsd and dds with few rows of M on Hopper: -1 (default) picks 128-token tiles split over 1, 2 or 4 CTAs of a "
+        "cluster by the rules in bindings.cpp, 0 never, 1 / 2 / 4 that split wherever the Hopper kernels run; returns "
         "the previous value",
         pybind11::arg("split"));
   m.def("set_hopper_min_rows", &pbsng::set_hopper_min_rows,

@@ -274,7 +274,7 @@ def test_sm80_dsd_split_over_ctas(m, in_features, out_features, density, block, 
         _ops.set_hopper_kernels(previous)
 
 
-# The Hopper few-rows dsd (128-token tiles, the reduction split over 1 or 2 CTAs of a cluster): M from 1 (decode
+# The Hopper few-rows dsd (128-token tiles, the reduction split over 1, 2 or 4 CTAs of a cluster): M from 1 (decode
 # off) to 511, partial token tiles, K of 3 block columns (uneven key ranges; at density 0.1 CTAs whose range holds
 # no block of their lines), odd line counts (448 = 7 lines of 64), rows without blocks.
 def _few_rows_cases():
