@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from pytorch_block_sparse_ng import BlockSparseMatrix  # noqa: E402
 from pytorch_block_sparse_ng import _C, _ops  # noqa: E402
 
-from bench_linear import ab_setup, interleaved_times, ratio_report  # noqa: E402
+from bench_linear import ab_setup, interleaved_times, ratio_report, with_knobs  # noqa: E402
 from bench_ops import per_call_us  # noqa: E402
 
 
@@ -33,17 +33,8 @@ def main():
     args, x, dy = ab_setup(__doc__, rounds=5)
     dtype = torch.bfloat16
 
-    def with_knob(setter, value, fn):
-        def run():
-            previous = setter(value)
-            try:
-                fn()
-            finally:
-                setter(previous)
-        return run
-
     def with_dynamic_tiles(dynamic, fn):
-        return with_knob(_ops.set_hopper_tile_schedule, "counter" if dynamic else "round_robin", fn)
+        return with_knobs(fn, [(_ops.set_hopper_tile_schedule, "counter" if dynamic else "round_robin")])
 
     for block in args.blocks:
         for density in args.densities:
@@ -56,8 +47,8 @@ def main():
                     return {"pair+dyn": with_dynamic_tiles(True, lambda: run(index)),
                             "pair+rr": with_dynamic_tiles(False, lambda: run(index)),
                             "id+dyn": with_dynamic_tiles(True, lambda: run(natural)),
-                            "3stages": with_knob(_ops.set_hopper_pipeline_stages, 3,
-                                                 with_dynamic_tiles(True, lambda: run(index)))}
+                            "3stages": with_knobs(with_dynamic_tiles(True, lambda: run(index)),
+                                                  [(_ops.set_hopper_pipeline_stages, 3)])}
 
                 times = interleaved_times(args, block, density, variants)
                 print(ratio_report(f"block {block:3d} density {density:4.2f} {op}", times), flush=True)

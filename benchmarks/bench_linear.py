@@ -165,6 +165,21 @@ def time_graph_ms(fn, calls, reps):
     return time_ms(capture_graph(fn, calls).replay, 3, reps) / calls
 
 
+def with_knobs(fn, knobs):
+    """fn() with each (setter, value) of `knobs` set for the call and restored after it, last set first restored:
+    the extension's path knobs (pytorch_block_sparse_ng._ops.set_*, each returning the previous value) act when a
+    call is made or captured, so an A/B can interleave paths, eagerly or as CUDA graphs captured under them."""
+    def call():
+        previous = [(setter, setter(value)) for setter, value in knobs]
+        try:
+            return fn()
+        finally:
+            for setter, value in reversed(previous):
+                setter(value)
+
+    return call
+
+
 def graph_timers(fns, calls, reps):
     """{name: timer}: each fn captured once in a CUDA graph of `calls` calls; the timer returns the per-call time
     of its graph's replay (median of `reps`)."""

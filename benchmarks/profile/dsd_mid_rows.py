@@ -27,25 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from pytorch_block_sparse_ng import BlockSparseMatrix, _extension, _ops  # noqa: E402
 
-from bench_linear import graph_timers, rounds_ms  # noqa: E402
-
-
-def with_knobs(run, decode=None, min_rows=None, few=None, b32=None):
-    """run() with the binding's path knobs set for the call (and restored after it)."""
-    knobs = [(setter, value) for setter, value in ((_ops.set_decode_max_rows, decode),
-                                                   (_ops.set_hopper_min_rows, min_rows),
-                                                   (_ops.set_hopper_few_rows_split, few),
-                                                   (_ops.set_hopper_blocks_of_32, b32)) if value is not None]
-
-    def call():
-        previous = [(setter, setter(value)) for setter, value in knobs]
-        try:
-            run()
-        finally:
-            for setter, value in reversed(previous):
-                setter(value)
-
-    return call
+from bench_linear import graph_timers, rounds_ms, with_knobs  # noqa: E402
 
 
 def summary(cells, miss=1.05):
@@ -105,13 +87,15 @@ def main():
                     # at capture), then all are timed in rounds of rotating order (rounds_ms): timed one after the
                     # other, the first (default) path had read up to 14 % slower than the same kernel under its
                     # own knob (H200, session 42), the GPU's clock drifting under the sustained load.
-                    paths = {"default": {}, "sm80": dict(decode=0, min_rows=1 << 30, few=0),
-                             "hopper": dict(decode=0, min_rows=1, few=0, b32=1)}
+                    decode, min_rows, few = _ops.set_decode_max_rows, _ops.set_hopper_min_rows, \
+                        _ops.set_hopper_few_rows_split
+                    paths = {"default": [], "sm80": [(decode, 0), (min_rows, 1 << 30), (few, 0)],
+                             "hopper": [(decode, 0), (min_rows, 1), (few, 0), (_ops.set_hopper_blocks_of_32, 1)]}
                     if m <= 64 and not dds:
-                        paths["decode"] = dict(decode=64, min_rows=1 << 30, few=0)
+                        paths["decode"] = [(decode, 64), (min_rows, 1 << 30), (few, 0)]
                     if block != 32:
-                        paths.update({split: dict(decode=0, min_rows=1, few=split) for split in (1, 2, 4)})
-                    timers = graph_timers({"dense": dense, **{path: with_knobs(run, **knobs)
+                        paths.update({split: [(decode, 0), (min_rows, 1), (few, split)] for split in (1, 2, 4)})
+                    timers = graph_timers({"dense": dense, **{path: with_knobs(run, knobs)
                                                               for path, knobs in paths.items()}}, 20, args.reps)
                     times = {path: statistics.median(t) for path, t in rounds_ms(timers, args.rounds).items()}
                     times = {"decode": float("nan"), 1: float("nan"), 2: float("nan"), 4: float("nan"), **times}
