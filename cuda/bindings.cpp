@@ -141,9 +141,10 @@ int multiprocessor_count(int device) {
 bool g_hopper_enabled = true;
 int64_t g_hopper_min_rows = 256;
 
-bool hopper_device(int device, int block) {
+// Whether the device runs this build's sm_90a code (an sm_90 device, a build with sm_90a).
+bool sm90a_device(int device) {
 #ifdef PBSNG_WITH_SM90A
-  if (!g_hopper_enabled || (block != 32 && block != 64 && block != 128) || device < 0 || device >= 64) return false;
+  if (device < 0 || device >= 64) return false;
   static int capability[64] = {0};
   if (capability[device] == 0) {
     int major = 0, minor = 0;
@@ -154,9 +155,12 @@ bool hopper_device(int device, int block) {
   return capability[device] == 90;
 #else
   (void)device;
-  (void)block;
   return false;
 #endif
+}
+
+bool hopper_device(int device, int block) {
+  return g_hopper_enabled && (block == 32 || block == 64 || block == 128) && sm90a_device(device);
 }
 
 bool use_hopper_for(int device, int block, int64_t m, int64_t nnz) {
@@ -311,6 +315,16 @@ int64_t set_hopper_pipeline_stages(int64_t stages) {
   PBSNG_CHECK_VALUE(stages == 3 || stages == 4, "set_hopper_pipeline_stages: stages=", stages, " must be 3 or 4");
   return std::exchange(g_hopper_stages, stages);
 }
+
+// Programmatic dependent launch (block_sparse/grid_dependency.cuh): each product kernel may be scheduled while the
+// kernel before it in the stream finishes, and waits for it before touching global memory. Only where this build's
+// sm_90a code runs (the sm_80 code has no wait), so on sm_90 devices, for every kernel there (the SM80 and decode
+// kernels too). On by default; off for A/B measurements and tests.
+bool g_programmatic_launch = true;
+bool set_programmatic_launch(bool enabled) {
+  return std::exchange(g_programmatic_launch, enabled);
+}
+bool programmatic_launch_for(int device) { return g_programmatic_launch && sm90a_device(device); }
 
 int64_t set_hopper_min_rows(int64_t rows) {
   return exchange_knob(g_hopper_min_rows, rows, 1, "set_hopper_min_rows", "rows");
@@ -613,6 +627,7 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
     DsdParams p{x.data_ptr(), data.data_ptr(), b ? b->data_ptr() : nullptr, y.data_ptr(), nullptr,
                 row_offsets.data_ptr<int32_t>(), col_indices.data_ptr<int32_t>(), nullptr, nullptr, m, pat.nnz,
                 int(pat.n_block_rows), int(pat.n_block_cols), block, 1, 0, 0};
+    p.programmatic = programmatic_launch_for(x.device().index());
     check_launch(dtype_of(x) == DType::kFloat16 ? launch_dsd_decode<DType::kFloat16>(p, stream)
                                                 : launch_dsd_decode<DType::kBFloat16>(p, stream), kDsd);
     return y;
@@ -662,6 +677,7 @@ at::Tensor dsd(const at::Tensor& x, const at::Tensor& data, const std::optional<
               int(tile_rows), few_rows_split};
   p.b32_columns = b32_columns();  // read by the block-32 Hopper kernel only
   p.b32_pair_boxes = b32_pair_boxes_for(pat.nnz, pat.n_block_rows * pat.n_block_cols);
+  p.programmatic = programmatic_launch_for(x.device().index());
   if (splits == 1 && hopper) {
     // The few-rows dsd deals its tiles round-robin (its clusters take the same tiles): no counter.
     p.tile_counter = few_rows_split > 0 ? nullptr : tile_counter_for(x, stream);
@@ -710,6 +726,7 @@ at::Tensor dds_on(const std::optional<c10::cuda::CUDAStream>& work_stream, const
   p.b32_columns = b32_columns();  // read by the block-32 Hopper kernel only
   p.b32_pair_boxes = b32_pair_boxes_for(pat.nnz, pat.n_block_rows * pat.n_block_cols);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dy.device().index()).stream();
+  p.programmatic = programmatic_launch_for(dy.device().index());
   if (p.few_rows_split > 0) {
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_dds_sm90<DType::kFloat16>(p, stream)
                                                  : launch_dds_sm90<DType::kBFloat16>(p, stream), kDds);
@@ -855,6 +872,7 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> sdd(
     p.tail_ws = tail.data_ptr<float>();
     p.tail_counters = self_resetting_counters(dy, stream, counters);
   }
+  p.programmatic = programmatic_launch_for(dy.device().index());
   if (hopper) {
     check_launch(dtype_of(dy) == DType::kFloat16 ? launch_sdd_sm90<DType::kFloat16>(p, stream)
                                                  : launch_sdd_sm90<DType::kBFloat16>(p, stream), kSdd);
@@ -965,6 +983,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "cluster by the rules in bindings.cpp, 0 never, 1 / 2 / 4 that split wherever the Hopper kernels run; returns "
         "the previous value",
         pybind11::arg("split"));
+  m.def("set_programmatic_launch", &pbsng::set_programmatic_launch,
+        "launch the kernels with programmatic dependent launch on sm_90 GPUs (True, default: each may start while "
+        "the kernel before it finishes); returns the previous setting",
+        pybind11::arg("enabled"));
   m.def("set_hopper_min_rows", &pbsng::set_hopper_min_rows,
         "the fewest rows M for which dsd / dds take the Hopper kernels; returns the previous value",
         pybind11::arg("rows"));

@@ -51,7 +51,7 @@ __all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "sdd_with_bias_g
            "set_hopper_few_rows_split", "set_hopper_blocks_of_32", "set_hopper_b32_columns", "set_hopper_b32_dds_copy",
            "set_hopper_b32_pair_boxes", "set_hopper_sdd_b32_mode", "set_hopper_sdd_splits",
            "set_hopper_sdd_one_block_ctas",
-           "set_backward_overlap"]
+           "set_backward_overlap", "set_programmatic_launch"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
 # default) unless this is "0".
@@ -186,6 +186,15 @@ def set_backward_overlap(enabled: bool) -> bool:
     sdd's waves leave idle); returns the previous setting. The traced path (torch.compile) runs them on one
     stream."""
     return bool(_C.set_backward_overlap(bool(enabled)))
+
+
+
+def set_programmatic_launch(enabled: bool) -> bool:
+    """Whether the kernels are launched with programmatic dependent launch on sm_90 GPUs (default True): each may
+    be scheduled while the kernel before it in the stream finishes, sets up its shared memory, and waits for that
+    kernel's results before it reads or writes global memory (cuda/block_sparse/grid_dependency.cuh), which hides
+    the gap between back-to-back kernels. Results are the same either way; returns the previous setting."""
+    return bool(_C.set_programmatic_launch(bool(enabled)))
 
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)

@@ -1147,6 +1147,69 @@ def test_backward_on_two_streams_matches_one_stream(block):
     assert _ops.set_backward_overlap(True) is True  # the default, restored
 
 
+# Paths of the chain test below: (rows M, knobs), each making every product of the chain take one kind of kernel.
+PROGRAMMATIC_CHAIN_PATHS = {
+    "decode": (16, {}),
+    "sm80 kernels": (200, {"set_hopper_few_rows_split": 0}),
+    "few rows split 2": (200, {"set_hopper_few_rows_split": 2}),
+    "few rows split 4": (200, {"set_hopper_few_rows_split": 4}),
+    "256-token tiles": (700, {"set_hopper_min_rows": 1, "set_hopper_few_rows_split": 0}),
+}
+
+
+@pytest.mark.cuda
+@requires_kernels
+@pytest.mark.parametrize("path", list(PROGRAMMATIC_CHAIN_PATHS))
+@pytest.mark.parametrize("block", BLOCKS)
+def test_programmatic_launch_chain_matches_serial_launches(block, path):
+    """Programmatic dependent launch (_ops.set_programmatic_launch, grid_dependency.cuh) lets each kernel start
+    while the one before it finishes; each must wait for it before touching global memory. A chain of six
+    layers, each reading the output the kernel before it has just written (and the backward writing buffers that
+    earlier kernels read), eagerly and replayed from a CUDA graph, gives the results of serial launches: the
+    forward bit for bit, the gradients within the sdd's atomics (one bf16 ulp). A kernel that read early would
+    see its input half written."""
+    from pytorch_block_sparse_ng import _ops
+
+    m, knobs = PROGRAMMATIC_CHAIN_PATHS[path]
+    generator = torch.Generator().manual_seed(block + m)
+    layers = torch.nn.Sequential(*[BlockSparseLinear(512, 512, density=0.5, block_shape=(block, block),
+                                                     generator=generator) for _ in range(6)]).cuda().to(torch.bfloat16)
+    x = torch.randn(m, 512, generator=generator).cuda().to(torch.bfloat16).requires_grad_(True)
+    dy = torch.randn(m, 512, generator=generator).cuda().to(torch.bfloat16)
+    params = [x] + [p for layer in layers for p in (layer.weight.data, layer.bias)]
+
+    def step():
+        y = layers(x)
+        return [y] + list(torch.autograd.grad(y, params, dy))
+
+    previous = {name: getattr(_ops, name)(value) for name, value in knobs.items()}
+    previous_launch = _ops.set_programmatic_launch(False)
+    # Everything on one side stream: the capture's stream, where the leaves' gradient accumulation must run too.
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(stream):
+            serial = [t.float() for t in step()]
+            _ops.set_programmatic_launch(True)
+            eager = [[t.float() for t in step()] for _ in range(3)]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            captured = step()
+        with torch.cuda.stream(stream):
+            graph.replay()
+            graph.replay()
+            replayed = [t.float() for t in captured]
+        torch.cuda.current_stream().wait_stream(stream)
+    finally:
+        _ops.set_programmatic_launch(previous_launch)
+        for name, value in previous.items():
+            getattr(_ops, name)(value)
+    for run in eager + [replayed]:
+        assert torch.equal(run[0], serial[0]), "forward output differs from serial launches"
+        for i, (got, want) in enumerate(zip(run[1:], serial[1:])):
+            torch.testing.assert_close(got, want, rtol=0, atol=2 ** -7 * want.abs().max().item(), msg=f"grad {i}")
+
+
 @pytest.mark.cuda
 @requires_kernels
 def test_eager_autograd_node_refuses_double_backward():
@@ -1470,6 +1533,8 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
         _ops.set_decode_max_rows(65)
     assert _ops.set_backward_overlap(False) is True
     assert _ops.set_backward_overlap(True) is False
+    assert _ops.set_programmatic_launch(False) is True
+    assert _ops.set_programmatic_launch(True) is False
     assert _ops.set_hopper_few_rows_split(2) == -1
     assert _ops.set_hopper_few_rows_split(-1) == 2
     for split in (3, 5):

@@ -25,6 +25,7 @@
 
 #include <cute/arch/mma_sm80.hpp>
 
+#include "block_sparse/grid_dependency.cuh"
 #include "block_sparse/params.h"
 
 namespace pbsng {
@@ -57,6 +58,8 @@ __global__ void __launch_bounds__(WARPS * 32) dsd_decode_kernel(DsdParams p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
   const int r = blockIdx.x / kSlices, slice = blockIdx.x % kSlices;
+  wait_for_previous_grid();  // before any global access; a no-op in the sm_80 code (grid_dependency.cuh)
+  release_next_grid();
   const int row_begin = __ldg(p.row_offsets + r), row_end = __ldg(p.row_offsets + r + 1);
   const T* data = static_cast<const T*>(p.data);
   const T* x = static_cast<const T*>(p.x);
@@ -155,8 +158,7 @@ __global__ void __launch_bounds__(WARPS * 32) dsd_decode_kernel(DsdParams p) {
 template <DType D, int B, int MT, int NT, int WARPS>
 cudaError_t launch_tiles(const DsdParams& p, cudaStream_t stream) {
   const dim3 grid(unsigned(p.n_block_rows) * (B / (16 * MT)));
-  dsd_decode_kernel<D, B, MT, NT, WARPS><<<grid, WARPS * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(dsd_decode_kernel<D, B, MT, NT, WARPS>, grid, WARPS * 32, 0, stream, p.programmatic, 1, p);
 }
 
 // Tiles and warps per M, measured on an H100 (benchmarks/results/bench_decode_*.txt, 4096 x 4096): 16 x 16-row

@@ -27,6 +27,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "block_sparse/grid_dependency.cuh"
 #include "block_sparse/params.h"
 
 namespace pbsng {
@@ -348,6 +349,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) dsd_kernel(DsdParams p) {
   extern __shared__ __align__(128) char smem[];
   const int r = blockIdx.x;  // block row: neighbouring CTAs share the x tile, the weights stay in L2
   const int64_t m0 = int64_t(blockIdx.y) * Cfg::BM;
+  wait_for_previous_grid();  // before any global access; a no-op in the sm_80 code (grid_dependency.cuh)
+  release_next_grid();
   const int64_t K = int64_t(p.n_block_cols) * Cfg::BN, N = int64_t(p.n_block_rows) * Cfg::BN;
   const int row_begin = __ldg(p.row_offsets + r);
   const int count = __ldg(p.row_offsets + r + 1) - row_begin;
@@ -404,6 +407,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) dds_kernel(DdsParams p) {
   extern __shared__ __align__(128) char smem[];
   const int c = blockIdx.x;  // block column of W = block of columns of dx
   const int64_t m0 = int64_t(blockIdx.y) * Cfg::BM;
+  wait_for_previous_grid();  // before any global access; a no-op in the sm_80 code (grid_dependency.cuh)
+  release_next_grid();
   const int64_t K = int64_t(p.n_block_cols) * Cfg::BN, N = int64_t(p.n_block_rows) * Cfg::BN;
   const int begin = __ldg(p.col_offsets_t + c);
   const int end = __ldg(p.col_offsets_t + c + 1);
@@ -442,6 +447,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) sdd_kernel(SddParams p) {
   extern __shared__ __align__(128) char smem[];
   const int64_t j = blockIdx.x;
   const int split = blockIdx.y;
+  wait_for_previous_grid();  // before any global access; a no-op in the sm_80 code (grid_dependency.cuh)
+  release_next_grid();
   const int64_t K = int64_t(p.n_block_cols) * Cfg::BN, N = int64_t(p.n_block_rows) * Cfg::BM;
   const int r = __ldg(p.row_indices + j), c = __ldg(p.col_indices + j);
   const int64_t total = (p.m + Cfg::BK - 1) / Cfg::BK;
@@ -490,8 +497,7 @@ cudaError_t launch_dsd(const DsdParams& p, cudaStream_t stream) {
   cudaError_t err = prepare<dsd_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   dim3 grid(p.n_block_rows, unsigned((p.m + Cfg::BM - 1) / Cfg::BM), unsigned(p.splits));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, stream, p.programmatic, 1, p);
 }
 
 template <class Cfg>
@@ -501,8 +507,7 @@ cudaError_t launch_dds(const DdsParams& p, cudaStream_t stream) {
   cudaError_t err = prepare<dds_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   dim3 grid(p.n_block_cols, unsigned((p.m + Cfg::BM - 1) / Cfg::BM));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, stream, p.programmatic, 1, p);
 }
 
 template <class Cfg>
@@ -512,8 +517,7 @@ cudaError_t launch_sdd(const SddParams& p, cudaStream_t stream) {
   cudaError_t err = prepare<sdd_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   dim3 grid(unsigned(p.nnz), unsigned(p.splits));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, stream, p.programmatic, 1, p);
 }
 
 // Tile configurations per block size. Config<T, BM, BN, BK, warps M, warps N, stages, A K-major, B K-major>.

@@ -400,6 +400,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
   }
   sm90ws::init_pipeline<S>(sh.full, sh.empty, 256);  // its fence covers the inits above (same thread)
   __syncthreads();
+  wait_for_previous_grid();  // no global access above (grid_dependency.cuh)
+  release_next_grid();
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<96>();
@@ -562,7 +564,7 @@ template <class Cfg>
 cudaError_t launch_config(const void* act, int64_t m, int n_other, const void* data, int64_t nnz,
                           const int32_t* offsets, const int32_t* keys, const int32_t* slots, const int32_t* order,
                           int* tile_counter, int n_lines, const void* bias, void* out, int sms, int pair_boxes,
-                          cudaStream_t stream) {
+                          bool programmatic, cudaStream_t stream) {
   using T = typename Cfg::T;
   if (m == 0 || n_lines == 0) return cudaSuccess;
   if (n_other > Cfg::kMaxBlockCols) return cudaErrorInvalidValue;  // the binding's rule keeps these on SM80
@@ -623,32 +625,33 @@ cudaError_t launch_config(const void* act, int64_t m, int n_other, const void* d
   err = sm80::prepare<b32_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   const int ctas = int(std::min<int64_t>(tiles, sms));
-  b32_kernel<Cfg><<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(b32_kernel<Cfg>, dim3(unsigned(ctas)), Cfg::kThreads, Cfg::kSmemBytes, stream, programmatic, 1,
+                       p);
 }
 
 // columns: block columns per stage, 1 or 2 (the binding's choice, b32_columns in bindings.cpp).
 template <class T, bool TransposeW>
 cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, int64_t nnz, const int32_t* offsets,
                    const int32_t* keys, const int32_t* slots, const int32_t* order, int* tile_counter, int n_lines,
-                   const void* bias, void* out, int sms, int columns, int pair_boxes, cudaStream_t stream) {
+                   const void* bias, void* out, int sms, int columns, int pair_boxes, bool programmatic,
+                   cudaStream_t stream) {
   if (columns == 2 && pair_boxes == kPairAct) {  // column-major W slots
     return launch_config<Config<T, TransposeW, 2, kPairAct>>(act, m, n_other, data, nnz, offsets, keys, slots, order,
                                                              tile_counter, n_lines, bias, out, sms, pair_boxes,
-                                                             stream);
+                                                             programmatic, stream);
   }
   if (columns == 2 && pair_boxes != 0) {
     return launch_config<Config<T, TransposeW, 2, kPairW | kPairAct>>(act, m, n_other, data, nnz, offsets, keys, slots,
                                                                       order, tile_counter, n_lines, bias, out, sms,
-                                                                      pair_boxes, stream);
+                                                                      pair_boxes, programmatic, stream);
   }
   if (columns == 2) {
     return launch_config<Config<T, TransposeW, 2>>(act, m, n_other, data, nnz, offsets, keys, slots, order,
-                                                   tile_counter, n_lines, bias, out, sms, 0, stream);
+                                                   tile_counter, n_lines, bias, out, sms, 0, programmatic, stream);
   }
   if (columns != 1) return cudaErrorInvalidValue;
   return launch_config<Config<T, TransposeW, 1>>(act, m, n_other, data, nnz, offsets, keys, slots, order,
-                                                 tile_counter, n_lines, bias, out, sms, 0, stream);
+                                                 tile_counter, n_lines, bias, out, sms, 0, programmatic, stream);
 }
 
 }  // namespace sm90b32

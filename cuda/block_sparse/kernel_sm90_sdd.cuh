@@ -418,6 +418,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_cons
   constexpr int C = Cfg::kChunk;
   const int steps = int((p.m + BK - 1) / BK);
   int row = int(blockIdx.x), slot = int(blockIdx.y);
+  wait_for_previous_grid();  // before any global access (grid_dependency.cuh)
+  release_next_grid();
   int tail_item = -1, piece = 0, pieces = 1;
   const bool tail_cta = slot >= p.item_slots;
   if (!tail_cta && !RowSlots<C>(p, __ldg(p.row_offsets + row + 1) - __ldg(p.row_offsets + row)).works(slot)) {
@@ -567,7 +569,7 @@ template <class Cfg>
 cudaError_t launch(const void* dy, const void* x, int64_t m, int n_block_rows, int n_block_cols,
                    int64_t nnz, const int32_t* row_offsets, const int32_t* col_indices, void* out,
                    float* out_f32, void* bias_grad, float* bias_grad_f32, int splits, int sms, float* tail_ws,
-                   int* tail_counters, cudaStream_t stream) {
+                   int* tail_counters, bool programmatic, cudaStream_t stream) {
   if (n_block_rows == 0) return cudaSuccess;
   constexpr int B = Cfg::Block;
   const CUtensorMapDataType dtype = std::is_same<typename Cfg::T, cute::half_t>::value
@@ -608,14 +610,14 @@ cudaError_t launch(const void* dy, const void* x, int64_t m, int n_block_rows, i
   err = sm80::prepare<sdd_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   dim3 grid(unsigned(n_block_rows), unsigned(p.item_slots + p.tail_slots), unsigned(splits));
-  sdd_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(sdd_kernel<Cfg>, grid, Cfg::kThreads, Cfg::kSmemBytes, stream, programmatic, 1, p);
 }
 
 template <class Cfg>
 cudaError_t launch_config(const SddParams& p, cudaStream_t stream) {
   return launch<Cfg>(p.dy, p.x, p.m, p.n_block_rows, p.n_block_cols, p.nnz, p.row_offsets, p.col_indices, p.out,
-                     p.out_f32, p.bias_grad, p.bias_grad_f32, p.splits, p.sms, p.tail_ws, p.tail_counters, stream);
+                     p.out_f32, p.bias_grad, p.bias_grad_f32, p.splits, p.sms, p.tail_ws, p.tail_counters,
+                     p.programmatic, stream);
 }
 
 }  // namespace sm90sdd

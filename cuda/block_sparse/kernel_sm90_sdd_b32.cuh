@@ -189,6 +189,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_b32_kernel(const __grid_
   auto& sh = sm90ws::aligned_shared_storage<typename Cfg::SharedStorage>(smem_raw);
 
   const int group = int(blockIdx.x), slot = int(blockIdx.y);
+  wait_for_previous_grid();  // before any global access (grid_dependency.cuh)
+  release_next_grid();
   int rows[R], begin[R], blocks[R], total = 0;
   CUTE_UNROLL
   for (int r = 0; r < R; ++r) {
@@ -358,8 +360,7 @@ cudaError_t launch(const SddParams& sp, cudaStream_t stream) {
   const int n_keys = (sp.n_block_cols + Cfg::kEntryCols - 1) / Cfg::kEntryCols;
   const dim3 grid(unsigned((sp.n_block_rows + Cfg::kRows - 1) / Cfg::kRows),
                   unsigned((n_keys + Cfg::kChunk - 1) / Cfg::kChunk));
-  sdd_b32_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(sdd_b32_kernel<Cfg>, grid, Cfg::kThreads, Cfg::kSmemBytes, stream, sp.programmatic, 1, p);
 }
 
 }  // namespace sm90sddb32

@@ -227,6 +227,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) sdd_cpasync_kernel(const __g
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ char smem_raw[];
   const int cta = int(blockIdx.x);
+  wait_for_previous_grid();  // before any global access (grid_dependency.cuh)
+  release_next_grid();
   if (cta >= p.nnz) {
     const int row = cta - p.nnz;
     if (__ldg(p.row_offsets + row) == __ldg(p.row_offsets + row + 1)) {
@@ -258,8 +260,8 @@ cudaError_t launch(const SddParams& p, cudaStream_t stream) {
   const cudaError_t err =
       sm80::prepare<sdd_cpasync_kernel<Cfg>>(Cfg::kSmemBytes, int(cudaSharedmemCarveoutMaxShared));
   if (err != cudaSuccess) return err;
-  sdd_cpasync_kernel<Cfg><<<unsigned(p.nnz + rows), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(q);
-  return cudaGetLastError();
+  return launch_kernel(sdd_cpasync_kernel<Cfg>, dim3(unsigned(p.nnz + rows)), Cfg::kThreads, Cfg::kSmemBytes, stream,
+                       p.programmatic, 1, q);
 }
 
 }  // namespace sm90sddcp

@@ -48,6 +48,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
+#include "block_sparse/grid_dependency.cuh"
 #include "block_sparse/kernel_sm80.cuh"
 
 namespace pbsng {
@@ -600,6 +601,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
     cute::cluster_arrive_relaxed();
     cute::cluster_wait();
   }
+  wait_for_previous_grid();  // no global access above (grid_dependency.cuh)
+  release_next_grid();
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
@@ -846,7 +849,7 @@ __device__ __forceinline__ void tma_load_3d(void* smem_dst, const CUtensorMap* m
 template <class Cfg>
 cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, int64_t nnz, const int32_t* offsets,
                    const int32_t* keys, const int32_t* slots, const int32_t* order, int* tile_counter, int n_lines,
-                   const void* bias, void* out, int sms, cudaStream_t stream) {
+                   const void* bias, void* out, int sms, bool programmatic, cudaStream_t stream) {
   if (m == 0 || n_lines == 0) return cudaSuccess;
   constexpr int B = Cfg::Block;
   const CUtensorMapDataType dtype = std::is_same<typename Cfg::T, cute::half_t>::value
@@ -882,12 +885,9 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
   p.m = m;
   err = sm80::prepare<ws_kernel<Cfg>>(Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  if constexpr (Cfg::kSplit == 1) {
-    const int ctas = int(std::min<int64_t>(tiles, sms));
-    ws_kernel<Cfg><<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-    return cudaGetLastError();
-  } else {
-    cudaLaunchConfig_t config = {};
+  int ctas = int(std::min<int64_t>(tiles, sms));
+  if constexpr (Cfg::kSplit > 1) {
+    cudaLaunchConfig_t config = {};  // what resident_clusters asks the occupancy of
     config.blockDim = dim3(Cfg::kThreads);
     config.dynamicSmemBytes = Cfg::kSmemBytes;
     config.stream = stream;
@@ -901,9 +901,10 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
     int clusters = 0;
     err = resident_clusters<Cfg>(config, sms, &clusters);
     if (err != cudaSuccess) return err;
-    config.gridDim = dim3(unsigned(std::min<int64_t>(tiles, clusters) * Cfg::kSplit));
-    return cudaLaunchKernelEx(&config, ws_kernel<Cfg>, p);
+    ctas = int(std::min<int64_t>(tiles, clusters) * Cfg::kSplit);
   }
+  return launch_kernel(ws_kernel<Cfg>, dim3(unsigned(ctas)), Cfg::kThreads, Cfg::kSmemBytes, stream, programmatic,
+                       Cfg::kSplit, p);
 }
 
 // The launch for blocks of 64 or 128 and 3 or 4 pipeline stages (others: cudaErrorInvalidValue).
@@ -911,13 +912,14 @@ template <class T, bool TransposeW>
 cudaError_t launch_for_block(int block, int stages, const void* act, int64_t m, int n_other, const void* data, int64_t nnz,
                              const int32_t* offsets, const int32_t* keys, const int32_t* slots, const int32_t* order,
                              int* tile_counter, int n_lines, const void* bias, void* out, int sms,
-                             cudaStream_t stream) {
+                             bool programmatic, cudaStream_t stream) {
   const int key = block * 10 + stages;
   switch (key) {
 #define PBSNG_SM90WS_CASE(BLOCK, STAGES)                                                                   \
   case BLOCK * 10 + STAGES:                                                                                \
     return launch<Config<T, BLOCK, TransposeW, STAGES>>(act, m, n_other, data, nnz, offsets, keys, slots,  \
-                                                        order, tile_counter, n_lines, bias, out, sms, stream);
+                                                        order, tile_counter, n_lines, bias, out, sms,       \
+                                                        programmatic, stream);
     PBSNG_SM90WS_CASE(64, 3)
     PBSNG_SM90WS_CASE(64, 4)
     PBSNG_SM90WS_CASE(128, 3)
@@ -932,12 +934,13 @@ template <class T, bool TransposeW>
 cudaError_t launch_few_rows(int block, int split, const void* act, int64_t m, int n_other, const void* data,
                             int64_t nnz, const int32_t* offsets, const int32_t* keys, const int32_t* slots,
                             const int32_t* order, int n_lines, const void* bias, void* out, int sms,
-                            cudaStream_t stream) {
+                            bool programmatic, cudaStream_t stream) {
   switch (block * 10 + split) {
 #define PBSNG_SM90WS_FEW_ROWS_CASE(BLOCK, SPLIT)                                                           \
   case BLOCK * 10 + SPLIT:                                                                                 \
     return launch<Config<T, BLOCK, TransposeW, 4, 128, SPLIT>>(act, m, n_other, data, nnz, offsets, keys, slots, \
-                                                               order, nullptr, n_lines, bias, out, sms, stream);
+                                                               order, nullptr, n_lines, bias, out, sms,    \
+                                                               programmatic, stream);
     PBSNG_SM90WS_FEW_ROWS_CASE(64, 1)
     PBSNG_SM90WS_FEW_ROWS_CASE(64, 2)
     PBSNG_SM90WS_FEW_ROWS_CASE(128, 1)

@@ -40,6 +40,7 @@ struct DsdParams {
   int b32_pair_boxes = 0;   // Hopper kernel for blocks of 32: sm90b32::PairBoxes bits (two blocks per TMA box)
   int* split_counters = nullptr;  // SM80 kernel, splits > 1: R x ceil(M / tile_rows) int32, zero at the launch,
                                   // left zeroed
+  bool programmatic = false;  // launched with programmatic dependent launch (grid_dependency.cuh; sm_90a code only)
 };
 
 // dx (M, K) = dy (M, N) W, through the column-major index. One CTA per (block column, tile of M rows).
@@ -65,6 +66,7 @@ struct DdsParams {
   // Hopper kernel for blocks of 32: a workspace [nnz, 32, 32] for W's blocks transposed (kernel_transpose_blocks.cuh),
   // on which the dds runs as the dsd of dy with W^T; nullptr: the dds reads W's blocks (MN-major W_b^T tiles).
   void* data_t = nullptr;
+  bool programmatic = false;  // as DsdParams::programmatic
 };
 
 // dW_b [nnz, B, B] = dy^T x on the kept blocks, reduced over M. One CTA per (kept block, split of M).
@@ -108,6 +110,7 @@ struct SddParams {
   // Mode 3 (kColumnsT): a workspace for x^T (K, M) with rows of x_t_row >= M elements (a multiple of 8: 16-byte TMA
   // strides), which the launcher fills (kernel_transpose_blocks.cuh) before the sdd.
   void* x_t = nullptr;
+  bool programmatic = false;  // as DsdParams::programmatic
   int64_t x_t_row = 0;
 };
 

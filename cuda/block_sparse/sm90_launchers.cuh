@@ -17,16 +17,17 @@
     if (p.block == 32) {                                                                                   \
       return sm90b32::launch<sm80::ElementFor<DTYPE>::type, false>(                                        \
           p.x, p.m, p.n_block_cols, p.data, p.nnz, p.row_offsets, p.col_indices, nullptr, p.row_order,     \
-          p.tile_counter, p.n_block_rows, p.bias, p.y, p.sms, p.b32_columns, p.b32_pair_boxes, stream);    \
+          p.tile_counter, p.n_block_rows, p.bias, p.y, p.sms, p.b32_columns, p.b32_pair_boxes, p.programmatic, \
+          stream);                                                                                         \
     }                                                                                                      \
     if (p.few_rows_split > 0) {                                                                            \
       return sm90ws::launch_few_rows<sm80::ElementFor<DTYPE>::type, false>(                               \
           p.block, p.few_rows_split, p.x, p.m, p.n_block_cols, p.data, p.nnz, p.row_offsets, p.col_indices, \
-          nullptr, p.row_order, p.n_block_rows, p.bias, p.y, p.sms, stream);                              \
+          nullptr, p.row_order, p.n_block_rows, p.bias, p.y, p.sms, p.programmatic, stream);               \
     }                                                                                                      \
     return sm90ws::launch_for_block<sm80::ElementFor<DTYPE>::type, false>(                                 \
         p.block, p.stages, p.x, p.m, p.n_block_cols, p.data, p.nnz, p.row_offsets, p.col_indices, nullptr,           \
-        p.row_order, p.tile_counter, p.n_block_rows, p.bias, p.y, p.sms, stream);                          \
+        p.row_order, p.tile_counter, p.n_block_rows, p.bias, p.y, p.sms, p.programmatic, stream);          \
   }                                                                                                        \
   }
 
@@ -42,22 +43,23 @@
       return sm90b32::launch<T, false>(p.dy, p.m, p.n_block_rows, p.data_t, p.nnz, p.col_offsets_t,        \
                                        p.row_indices_t, nullptr, p.col_order, p.tile_counter,              \
                                        p.n_block_cols, nullptr, p.dx, p.sms, p.b32_columns,                \
-                                       p.b32_pair_boxes, stream);                                         \
+                                       p.b32_pair_boxes, p.programmatic, stream);                          \
     }                                                                                                      \
     if (p.block == 32) {                                                                                   \
       return sm90b32::launch<sm80::ElementFor<DTYPE>::type, true>(                                         \
           p.dy, p.m, p.n_block_rows, p.data, p.nnz, p.col_offsets_t, p.row_indices_t, p.perm_t,            \
           p.col_order, p.tile_counter, p.n_block_cols, nullptr, p.dx, p.sms, p.b32_columns, p.b32_pair_boxes, \
-          stream);                                                                                         \
+          p.programmatic, stream);                                                                         \
     }                                                                                                      \
     if (p.few_rows_split > 0) {                                                                            \
       return sm90ws::launch_few_rows<sm80::ElementFor<DTYPE>::type, true>(                                \
           p.block, p.few_rows_split, p.dy, p.m, p.n_block_rows, p.data, p.nnz, p.col_offsets_t,           \
-          p.row_indices_t, p.perm_t, p.col_order, p.n_block_cols, nullptr, p.dx, p.sms, stream);          \
+          p.row_indices_t, p.perm_t, p.col_order, p.n_block_cols, nullptr, p.dx, p.sms, p.programmatic,    \
+          stream);                                                                                         \
     }                                                                                                      \
     return sm90ws::launch_for_block<sm80::ElementFor<DTYPE>::type, true>(                                  \
         p.block, p.stages, p.dy, p.m, p.n_block_rows, p.data, p.nnz, p.col_offsets_t, p.row_indices_t, p.perm_t,    \
-        p.col_order, p.tile_counter, p.n_block_cols, nullptr, p.dx, p.sms, stream);                        \
+        p.col_order, p.tile_counter, p.n_block_cols, nullptr, p.dx, p.sms, p.programmatic, stream);        \
   }                                                                                                        \
   }
 
