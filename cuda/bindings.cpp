@@ -570,10 +570,13 @@ int few_rows_split_for(Product product, int device, int block, int64_t m, int64_
   // of >= 24 k-steps the split of 4 took 0.57-0.99x the time of the path before in the 43 cells where it is taken
   // (summed 0.78x); with 16 k-steps it was no faster than a split of 2; on 32 tiles (a second wave of clusters)
   // 1.3-1.5x. Held out (dsd 6144 -> 1024, 2048 -> 512, 8192 -> 768, dds 768 -> 4096, 1024 -> 8192, M = 96-448):
-  // 0.65-0.99x in all 104 cells where it is taken (summed 0.77x). Not over the SM80 kernels of blocks of 64 below
-  // 256 rows (the dsd's rule above keeps them): there it lost in some cells of the fit (1.16x at M = 128, density
-  // 0.5) and won in 16 held-out ones (0.73-0.93x).
-  const bool sm80_kept = product == Product::kDsd && block == 64 && m < kFewRowsMinRowsBlock64Dsd && split == 0;
+  // 0.65-0.99x in all 104 cells where it is taken (summed 0.77x). Over the SM80 kernels of blocks of 64 below 256
+  // rows (the dsd's rule above keeps them) only at density >= 0.75: there it took 0.73-1.04x their time in 24 cells
+  // of session 42's data (summed 0.86x) and, held out (session 43: 3072 / 4096 / 6144 -> 1024, 8192 -> 512, M =
+  // 80-240, dsd_mid_rows_NVIDIA_H200.txt run 6), 0.71-1.09x in 40 cells (summed 0.87x); at 0.5 it lost in some
+  // cells of both (1.16x at 4096 -> 1024, M = 128; 1.34x at 8192 -> 512, M = 128).
+  const bool sm80_kept = product == Product::kDsd && block == 64 && m < kFewRowsMinRowsBlock64Dsd && split == 0 &&
+                         4 * nnz < 3 * cells;
   return 16 * tiles <= 3 * sms && steps >= 24 && !sm80_kept ? 4 : split;
 }
 

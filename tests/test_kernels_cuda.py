@@ -402,6 +402,7 @@ def test_hopper_few_rows_with_many_empty_key_ranges():
     (96, 64, 0.5, 4096), (160, 64, 0.5, 4096), (200, 64, 0.3, 8192),  # below 256 rows (session 41): split 2 / 2 / 1
     (384, 64, 0.5, 1024),  # tiles on an eighth to a quarter of the SMs (session 42): split 2
     (256, 64, 1.0, 1024), (128, 128, 0.5, 1024),  # few tiles, long lines (session 42): split 4
+    (128, 64, 1.0, 1024),  # ... and below 256 rows at density >= 0.75 (session 43): split 4
 ])
 def test_few_rows_default_path_in_the_layer(m, block, density, out_features):
     """BlockSparseLinear at a few hundred tokens (the default path: on Hopper GPUs the few-rows dsd or, for blocks
