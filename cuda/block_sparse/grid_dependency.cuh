@@ -4,11 +4,11 @@
 // in the stream has finished: its CTAs take the SMs that the earlier kernel's CTAs leave, set up their shared
 // memory, and wait in wait_for_previous_grid() until that kernel has completed and its writes are visible. That
 // hides the gap between back-to-back kernels: on an H200, dsd / dds calls of 3-20 us in CUDA graphs took 0.3-14 %
-// (median 6 %) less time (benchmarks/results/ab_programmatic_launch_*.txt). So every CTA of a kernel launched with the attribute calls
-// wait_for_previous_grid() before its first global-memory access (read or write: the index arrays and tile
-// counters may be written by the kernel before it; and a grid whose CTAs all skipped it could complete before
-// the kernel it follows, which the kernel after it would then not wait for), then release_next_grid() to let the
-// next one be scheduled. Without the attribute both are no-ops.
+// (median 6 %) less time (benchmarks/results/ab_programmatic_launch_*.txt). So every CTA of a kernel launched with
+// the attribute calls wait_for_previous_grid() before its first global-memory access (read or write: the index
+// arrays and tile counters may be written by the kernel before it; and a grid whose CTAs all skipped it could
+// complete before the kernel it follows, which the kernel after it would then not wait for), then
+// release_next_grid() to let the next one be scheduled. Without the attribute both are no-ops.
 //
 // cutlass::arch::wait_on_dependent_grids / launch_dependent_grids emit the same instructions, but only when
 // CUTLASS_ENABLE_GDC_FOR_SM90 is defined for the whole build, and their header brings in CUTLASS's GEMM and conv
@@ -28,8 +28,9 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 }
 
 // The next kernel (if launched with the attribute) is scheduled once every CTA of this grid has called this or
-// exited. The Hopper kernels call it right after wait_for_previous_grid(): their CTAs fill the SMs (one per SM),
-// so the next kernel's CTAs only take SMs that this grid's CTAs have left.
+// exited, i.e. once this grid's last CTAs are running. Our kernels call it right after wait_for_previous_grid():
+// from then on the next kernel's CTAs take the room this grid's CTAs leave and wait there. (A later release, e.g.
+// after a CTA's mainloop, was not tried.)
 __device__ __forceinline__ void release_next_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
