@@ -118,7 +118,8 @@ def set_hopper_few_rows_split(split: int) -> int:
     tiles where they fit on the SMs (the dsd's M <= 64 takes the decode kernel first; blocks of 128 also on up to
     twice the SMs at density <= 0.5 with short lines), a split of 2 where they fill at most half of them and the
     lines are long, a split of 4 where they fill at most 3/16 of them and the lines have >= 24 steps of 64; blocks
-    of 64 in the dsd keep the SM80 kernels in some cells (below 256 rows where those fill the SMs better). 0: never
+    of 64 in the dsd keep the SM80 kernels in some cells (below 256 rows where those fill the SMs better, unless
+    the split of 4 applies at density >= 0.75). 0: never
     (and blocks of 64 keep the 256-token kernels from set_hopper_min_rows); 1, 2 or 4: that split wherever the
     Hopper kernels run. Returns the previous value."""
     return int(_C.set_hopper_few_rows_split(int(split)))
