@@ -189,7 +189,6 @@ def set_backward_overlap(enabled: bool) -> bool:
     return bool(_C.set_backward_overlap(bool(enabled)))
 
 
-
 def set_programmatic_launch(enabled: bool) -> bool:
     """Whether the kernels are launched with programmatic dependent launch on sm_90 GPUs (default True): each may
     be scheduled while the kernel before it in the stream finishes, sets up its shared memory, and waits for that
