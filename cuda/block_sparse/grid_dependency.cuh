@@ -3,7 +3,7 @@
 // A kernel launched with the programmatic-serialization attribute may be scheduled before the kernel ahead of it
 // in the stream has finished: its CTAs take the SMs that the earlier kernel's CTAs leave, set up their shared
 // memory, and wait in wait_for_previous_grid() until that kernel has completed and its writes are visible. That
-// hides the gap between back-to-back kernels: on an H200, dsd / dds calls of 3-20 us in CUDA graphs took 0.3-14 %
+// hides the gap between back-to-back kernels: on an H200, dsd / dds calls of 3-20 us in CUDA graphs took up to 14 %
 // (median 6 %) less time (benchmarks/results/ab_programmatic_launch_*.txt). So every CTA of a kernel launched with
 // the attribute calls wait_for_previous_grid() before its first global-memory access (read or write: the index
 // arrays and tile counters may be written by the kernel before it; and a grid whose CTAs all skipped it could
