@@ -29,12 +29,14 @@ from pytorch_block_sparse_ng import BlockSparseMatrix, _extension, _ops  # noqa:
 
 from bench_linear import graph_timers, rounds_ms, with_knobs  # noqa: E402
 
+FEW_ROWS_SPLITS = (1, 2, 4)  # the few-rows tiles' splits, each a column (_ops.set_hopper_few_rows_split)
+
 
 def summary(cells, miss=1.05):
     """Per shape, the default path's, the best path's and dense's times summed (ms), then every cell where the
     default path took more than `miss` times the best path's time. `cells`: ((k, n, m, block, density), times)
     with the columns of the table (nan where a path does not apply)."""
-    paths = ("decode", "sm80", "hopper", 1, 2, 4)
+    paths = ("decode", "sm80", "hopper") + FEW_ROWS_SPLITS
     lines, shapes, misses = ["summary (ms summed per shape): default / best path / dense"], {}, []
     for key, times in cells:
         best_path = min((p for p in paths if times[p] == times[p]), key=lambda p: times[p])
@@ -42,7 +44,7 @@ def summary(cells, miss=1.05):
         for i, value in enumerate((times["default"], times[best_path], times["dense"])):
             sums[i] += value
         if times["default"] > miss * times[best_path]:
-            name = {1: "few-rows split 1", 2: "few-rows split 2", 4: "few-rows split 4"}.get(best_path, best_path)
+            name = f"few-rows split {best_path}" if best_path in FEW_ROWS_SPLITS else best_path
             misses.append(f"  {key}: default {times['default']:.4f}, {name} {times[best_path]:.4f} "
                           f"({times['default'] / times[best_path]:.2f}x)")
     for (k, n), (default, best, dense) in shapes.items():
@@ -64,8 +66,8 @@ def main():
     dds = args.op == "dds"
     ops = _extension.get()
     print(f"{torch.cuda.get_device_name()} bf16 {args.op}; ms per call in a CUDA graph of 20 calls (hot weight)")
-    print("   K    N    M block dens |  dense | decode |   sm80 | hop256 |  few 1 |  few 2 |  few 4 | default | "
-          "default / dense")
+    print("   K    N    M block dens |  dense | decode |   sm80 | hop256 | "
+          + "".join(f" few {s} | " for s in FEW_ROWS_SPLITS) + "default | default / dense")
     cells = []
     for features in args.features.split(","):
         k, n = (int(v) for v in features.split("x"))
@@ -94,16 +96,16 @@ def main():
                     if m <= 64 and not dds:
                         paths["decode"] = [(decode, 64), (min_rows, 1 << 30), (few, 0)]
                     if block != 32:
-                        paths.update({split: [(decode, 0), (min_rows, 1), (few, split)] for split in (1, 2, 4)})
+                        paths.update({split: [(decode, 0), (min_rows, 1), (few, split)] for split in FEW_ROWS_SPLITS})
                     timers = graph_timers({"dense": dense, **{path: with_knobs(run, knobs)
                                                               for path, knobs in paths.items()}}, 20, args.reps)
                     times = {path: statistics.median(t) for path, t in rounds_ms(timers, args.rounds).items()}
-                    times = {"decode": float("nan"), 1: float("nan"), 2: float("nan"), 4: float("nan"), **times}
+                    times = {"decode": float("nan"), **{s: float("nan") for s in FEW_ROWS_SPLITS}, **times}
                     print(f"{k:4d} {n:4d} {m:4d} {block:5d} {density:4.2f} | {times['dense']:.4f} | "
                           f"{times['decode']:.4f} | "
-                          f"{times['sm80']:.4f} | {times['hopper']:.4f} | {times[1]:.4f} | {times[2]:.4f} | "
-                          f"{times[4]:.4f} | "
-                          f"{times['default']:.4f} | {times['dense'] / times['default']:.2f}x", flush=True)
+                          f"{times['sm80']:.4f} | {times['hopper']:.4f} | "
+                          + "".join(f"{times[s]:.4f} | " for s in FEW_ROWS_SPLITS)
+                          + f"{times['default']:.4f} | {times['dense'] / times['default']:.2f}x", flush=True)
                     cells.append(((k, n, m, block, density), times))
     print(summary(cells))
 
