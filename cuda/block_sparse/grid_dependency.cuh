@@ -37,17 +37,16 @@ __device__ __forceinline__ void release_next_grid() {
 #endif
 }
 
-// kernel<<<grid, threads, smem_bytes, stream>>>(args...), in clusters of `cluster` CTAs when > 1, and with the
-// programmatic-serialization attribute when `programmatic` (the kernel must call wait_for_previous_grid()).
-template <class... Params, class... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
-                          bool programmatic, int cluster, Args&&... args) {
+// The launch configuration of kernel<<<grid, threads, smem_bytes, stream>>>, in clusters of `cluster` CTAs when
+// > 1, and with the programmatic-serialization attribute when `programmatic`. `attrs` holds the attributes it
+// points to, so it must outlive the configuration's use (also for occupancy queries, which take the same config).
+inline cudaLaunchConfig_t launch_config(dim3 grid, int threads, int smem_bytes, cudaStream_t stream, bool programmatic,
+                                        int cluster, cudaLaunchAttribute (&attrs)[2]) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(unsigned(threads));
   config.dynamicSmemBytes = size_t(smem_bytes);
   config.stream = stream;
-  cudaLaunchAttribute attrs[2];
   unsigned n = 0;
   if (cluster > 1) {
     attrs[n].id = cudaLaunchAttributeClusterDimension;
@@ -63,6 +62,16 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, int threads, int
   }
   config.attrs = attrs;
   config.numAttrs = n;
+  return config;
+}
+
+// kernel<<<grid, threads, smem_bytes, stream>>>(args...) with launch_config's clusters and attribute (when
+// `programmatic`, the kernel must call wait_for_previous_grid()).
+template <class... Params, class... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
+                          bool programmatic, int cluster, Args&&... args) {
+  cudaLaunchAttribute attrs[2];
+  const cudaLaunchConfig_t config = launch_config(grid, threads, smem_bytes, stream, programmatic, cluster, attrs);
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 

@@ -764,15 +764,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
 // and 30 of 4 (120 CTAs; cudaOccupancyMaxActiveClusters, session 42). Asked once per device; SMs / split if the
 // query fails.
 template <class Cfg>
-cudaError_t resident_clusters(const cudaLaunchConfig_t& config, int sms, int* clusters) {
+cudaError_t resident_clusters(int sms, int* clusters) {
   static std::atomic<int> known[64];  // per device; 0: not asked yet (zero-initialised: static)
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   int count = device < 64 ? known[device].load(std::memory_order_relaxed) : 0;
   if (count == 0) {
-    cudaLaunchConfig_t query = config;
-    query.gridDim = dim3(unsigned(std::max(1, sms / Cfg::kSplit) * Cfg::kSplit));
+    cudaLaunchAttribute attrs[2];
+    const cudaLaunchConfig_t query = launch_config(dim3(unsigned(std::max(1, sms / Cfg::kSplit) * Cfg::kSplit)),
+                                                   Cfg::kThreads, Cfg::kSmemBytes, nullptr, false, Cfg::kSplit, attrs);
     if (cudaOccupancyMaxActiveClusters(&count, ws_kernel<Cfg>, &query) != cudaSuccess || count <= 0) {
       (void)cudaGetLastError();  // not sticky: clear it
       count = sms / Cfg::kSplit;
@@ -887,19 +888,8 @@ cudaError_t launch(const void* act, int64_t m, int n_other, const void* data, in
   if (err != cudaSuccess) return err;
   int ctas = int(std::min<int64_t>(tiles, sms));
   if constexpr (Cfg::kSplit > 1) {
-    cudaLaunchConfig_t config = {};  // what resident_clusters asks the occupancy of
-    config.blockDim = dim3(Cfg::kThreads);
-    config.dynamicSmemBytes = Cfg::kSmemBytes;
-    config.stream = stream;
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = Cfg::kSplit;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
     int clusters = 0;
-    err = resident_clusters<Cfg>(config, sms, &clusters);
+    err = resident_clusters<Cfg>(sms, &clusters);
     if (err != cudaSuccess) return err;
     ctas = int(std::min<int64_t>(tiles, clusters) * Cfg::kSplit);
   }
