@@ -6,6 +6,7 @@ the errors being the largest absolute difference to the fp32 result. They skip w
 extension is there. The argument-check tests need only the built extension (they run on CPU-only machines).
 """
 
+import contextlib
 import itertools
 import os
 import subprocess
@@ -101,6 +102,19 @@ def _check_products(label, case, w, index, x, dy, bias, data):
     assert_like_torch(f"bias gradient ({label})", db, dy.float().sum(0), dy.sum(0))
 
 
+@contextlib.contextmanager
+def forced_knobs(*settings):
+    """Sets each (setter, value) for the block (yields the old values): a failing test must not leave knobs forced."""
+    previous = []
+    try:
+        for setter, value in settings:
+            previous.append((setter, setter(value)))
+        yield tuple(value for _, value in previous)
+    finally:
+        for setter, value in reversed(previous):
+            setter(value)
+
+
 @pytest.mark.cuda
 @requires_kernels
 @pytest.mark.parametrize("case", GRID, ids=case_id)
@@ -120,11 +134,8 @@ def test_sm80_path_on_every_gpu(case):
     from pytorch_block_sparse_ng import _ops
 
     tensors = _product_case(case, 1)
-    previous = _ops.set_hopper_kernels(False)
-    try:
+    with forced_knobs((_ops.set_hopper_kernels, False)):
         _check_products("SM80 path", case, *tensors)
-    finally:
-        _ops.set_hopper_kernels(previous)
 
 
 # The decode kernel (dsd with M <= 64): each of its token tiles (8, 16, 32, 64) and their edges, every block size,
@@ -169,13 +180,9 @@ def test_decode_kernel_and_the_tiled_path_agree(m, block):
     w, index, x, _, bias, data = _product_case(case, 4)
     ref = reference.dsd(x.float(), data.float(), bias.float(), *index)
     torch_out = F.linear(x, w.to_dense(data.float()).detach().to(case.dtype), bias)
-    previous = _ops.set_decode_max_rows(0)
-    previous_few_rows = _ops.set_hopper_few_rows_split(0)  # the SM80 kernels, not the Hopper few-rows dsd
-    try:
+    with forced_knobs((_ops.set_decode_max_rows, 0),
+                      (_ops.set_hopper_few_rows_split, 0)):  # the SM80 kernels, not the Hopper few-rows dsd
         assert_like_torch("tiled dsd", OPS.dsd(x, data, bias, *index), ref, torch_out)
-    finally:
-        _ops.set_decode_max_rows(previous)
-        _ops.set_hopper_few_rows_split(previous_few_rows)
     layer = BlockSparseLinear(512, 1024, density=0.3, block_shape=(block, block), device="cuda",
                               dtype=torch.bfloat16, generator=torch.Generator().manual_seed(5))
     _check_layer_on_strided_3d_input("BlockSparseLinear, decode", layer, m)
@@ -202,11 +209,8 @@ ROW_TILE_GRID = [Case(m, 1024, 768, d, b, t) for m in (128, 129, 200, 255) for d
 def test_sm80_dsd_64_row_tiles(case):
     from pytorch_block_sparse_ng import _ops
 
-    previous = _ops.set_hopper_few_rows_split(0)  # on Hopper GPUs these M take the few-rows dsd by default
-    try:
+    with forced_knobs((_ops.set_hopper_few_rows_split, 0)):  # on Hopper GPUs these M take the few-rows dsd by default
         _check_dsd("dsd, 64-row tiles", case, 5)
-    finally:
-        _ops.set_hopper_few_rows_split(previous)
 
 
 # The SM80 dsd with each block row's blocks split over CTAs (few rows of M, long rows: R x M-tiles < SMs and >= 1024
@@ -245,8 +249,7 @@ def test_sm80_dsd_split_over_ctas(m, in_features, out_features, density, block, 
         del junk
         return OPS.dsd(x, data, bias if with_bias else None, *index)
 
-    previous = _ops.set_hopper_kernels(False)  # the SM80 kernels (on Hopper GPUs too)
-    try:
+    with forced_knobs((_ops.set_hopper_kernels, False)):  # the SM80 kernels (on Hopper GPUs too)
         for with_bias in (True, False):
             b = bias if with_bias else None
             first = poisoned(with_bias)
@@ -270,8 +273,6 @@ def test_sm80_dsd_split_over_ctas(m, in_features, out_features, density, block, 
                 graph.replay()
                 assert torch.equal(captured, first), f"graph replay differs (bias {with_bias})"
             del graph
-    finally:
-        _ops.set_hopper_kernels(previous)
 
 
 # The Hopper few-rows dsd (128-token tiles, the reduction split over 1, 2 or 4 CTAs of a cluster): M from 1 (decode
@@ -310,11 +311,9 @@ def test_hopper_few_rows_dsd_and_dds(case):
     ref = reference.dsd(x.float(), data.float(), bias.float(), *index)
     torch_out = F.linear(x, dense_t, bias)
     ref_dx = reference.dds(dy.float(), data.float(), *index)
-    previous_decode = _ops.set_decode_max_rows(0)
-    try:
+    with forced_knobs((_ops.set_decode_max_rows, 0)):
         for split in (1, 2, 4):
-            previous = _ops.set_hopper_few_rows_split(split)
-            try:
+            with forced_knobs((_ops.set_hopper_few_rows_split, split)):
                 y = OPS.dsd(x, data, bias, *index)
                 assert_like_torch(f"few-rows dsd, split {split}", y, ref, torch_out)
                 assert torch.equal(OPS.dsd(x, data, bias, *index), y), "the split's sums are added in a fixed order"
@@ -323,10 +322,6 @@ def test_hopper_few_rows_dsd_and_dds(case):
                 dx = OPS.dds(dy, data, *index)
                 assert_like_torch(f"few-rows dds, split {split}", dx, ref_dx, dy @ dense_t)
                 assert torch.equal(OPS.dds(dy, data, *index), dx), "the split's sums are added in a fixed order"
-            finally:
-                _ops.set_hopper_few_rows_split(previous)
-    finally:
-        _ops.set_decode_max_rows(previous_decode)
 
 
 # From 2048 rows the default path takes the few-rows tiles only where they fit on the SMs: narrow outputs (dsd)
@@ -460,24 +455,16 @@ def test_hopper_blocks_of_32(case, columns, dds_copy, pair_boxes):
     if not _C.uses_hopper_kernels(torch.cuda.current_device(), case.block):
         pytest.skip("this build has no sm_90a kernels")
     tensors = _product_case(case, 3)
-    previous = _ops.set_hopper_min_rows(1)
-    previous_decode = _ops.set_decode_max_rows(0)
-    previous_b32 = _ops.set_hopper_blocks_of_32(1)  # at every size and density, not only where the rule takes it
-    previous_columns = _ops.set_hopper_b32_columns(columns)  # one or two block columns per pipeline stage
-    previous_copy = _ops.set_hopper_b32_dds_copy(dds_copy)  # the dds on W's blocks transposed, or on W's blocks
-    previous_pairs = _ops.set_hopper_b32_pair_boxes(pair_boxes)
-    try:
+    with forced_knobs((_ops.set_hopper_min_rows, 1),
+                      (_ops.set_decode_max_rows, 0),
+                      (_ops.set_hopper_blocks_of_32, 1),  # at every size and density, not only where the rule takes it
+                      (_ops.set_hopper_b32_columns, columns),  # one or two block columns per pipeline stage
+                      (_ops.set_hopper_b32_dds_copy, dds_copy),  # the dds on W's blocks transposed, or on W's blocks
+                      (_ops.set_hopper_b32_pair_boxes, pair_boxes)):
         _check_products("Hopper blocks of 32", case, *tensors)
         w, index, x, dy, bias, data = tensors
         y = OPS.dsd(x, data, bias, *index)
         assert torch.equal(OPS.dsd(x, data, bias, *index), y), "the same result on every call"
-    finally:
-        _ops.set_hopper_min_rows(previous)
-        _ops.set_decode_max_rows(previous_decode)
-        _ops.set_hopper_blocks_of_32(previous_b32)
-        _ops.set_hopper_b32_columns(previous_columns)
-        _ops.set_hopper_b32_dds_copy(previous_copy)
-        _ops.set_hopper_b32_pair_boxes(previous_pairs)
 
 
 @pytest.mark.cuda
@@ -492,17 +479,11 @@ def test_hopper_path_at_every_m(case):
     if not _C.uses_hopper_kernels(torch.cuda.current_device(), case.block):
         pytest.skip("this build has no sm_90a kernels")
     tensors = _product_case(case, 2)
-    previous = _ops.set_hopper_min_rows(1)
-    previous_sdd = _ops.set_hopper_sdd_min_blocks_per_row(0)  # sparse rows too (partial chunks)
-    previous_few_rows = _ops.set_hopper_few_rows_split(0)  # the 256-token dsd at every M too
-    previous_b32 = _ops.set_hopper_blocks_of_32(1)
-    try:
+    with forced_knobs((_ops.set_hopper_min_rows, 1),
+                      (_ops.set_hopper_sdd_min_blocks_per_row, 0),  # sparse rows too (partial chunks)
+                      (_ops.set_hopper_few_rows_split, 0),  # the 256-token dsd at every M too
+                      (_ops.set_hopper_blocks_of_32, 1)):
         _check_products("Hopper path", case, *tensors)
-    finally:
-        _ops.set_hopper_min_rows(previous)
-        _ops.set_hopper_sdd_min_blocks_per_row(previous_sdd)
-        _ops.set_hopper_few_rows_split(previous_few_rows)
-        _ops.set_hopper_blocks_of_32(previous_b32)
 
 
 def _b32_pair_mask():
@@ -552,10 +533,9 @@ def test_hopper_sdd_blocks_of_32_pairs(m, dtype):
                                                                               w.col_indices.long()]
     orders = [torch.arange(rows), torch.arange(rows - 1, -1, -1)]
     orders += [torch.randperm(rows, generator=generator) for _ in range(2)]
-    previous = _ops.set_hopper_min_rows(1)
-    previous_b32 = _ops.set_hopper_blocks_of_32(1)
-    previous_mode = _ops.set_hopper_sdd_b32_mode(0)
-    try:
+    with forced_knobs((_ops.set_hopper_min_rows, 1),
+                      (_ops.set_hopper_blocks_of_32, 1),
+                      (_ops.set_hopper_sdd_b32_mode, 0)):
         for mode, order in itertools.product((0, 1, 2, 3), orders):
             _ops.set_hopper_sdd_b32_mode(mode)
             index = list(w.indices())
@@ -563,10 +543,6 @@ def test_hopper_sdd_blocks_of_32_pairs(m, dtype):
             ref = reference.sdd(dy.float(), x.float(), *index, bshape)
             _check_sdd_calls(f"sdd, blocks of 32, mode {mode}, row order {order.tolist()}", dy, x, index, bshape,
                              w.data.shape, ref, torch_dw)
-    finally:
-        _ops.set_hopper_min_rows(previous)
-        _ops.set_hopper_blocks_of_32(previous_b32)
-        _ops.set_hopper_sdd_b32_mode(previous_mode)
 
 
 def _sdd_calls_on_two_streams(dy, x, index, block_shape, blocks_shape):
@@ -651,12 +627,9 @@ def test_hopper_sdd_split_pieces(density, empty_rows, m, n, k, dtype, pieces):
 
     w, index, x, dy, bshape, torch_dw, ref = _b128_sdd_case(density, empty_rows, m, n, k, dtype,
                                                             seed=int(density * 100) + empty_rows)
-    previous = _ops.set_hopper_sdd_splits(pieces)
-    try:
+    with forced_knobs((_ops.set_hopper_sdd_splits, pieces)):
         _check_sdd_calls(f"sdd, split in {pieces} pieces", dy, x, index, bshape, w.data.shape, ref, torch_dw,
                          bitwise=pieces == 2)
-    finally:
-        _ops.set_hopper_sdd_splits(previous)
 
 
 @pytest.mark.cuda
@@ -681,13 +654,8 @@ def test_hopper_sdd_one_block_ctas(density, empty_rows, m, n, k, dtype):
     from pytorch_block_sparse_ng import _ops
 
     w, index, x, dy, bshape, torch_dw, ref = _b128_sdd_case(density, empty_rows, m, n, k, dtype, seed=m + empty_rows)
-    previous_rows = _ops.set_hopper_min_rows(1)
-    previous = _ops.set_hopper_sdd_one_block_ctas(1)
-    try:
+    with forced_knobs((_ops.set_hopper_min_rows, 1), (_ops.set_hopper_sdd_one_block_ctas, 1)):
         _check_sdd_calls("sdd, one block per CTA", dy, x, index, bshape, w.data.shape, ref, torch_dw)
-    finally:
-        _ops.set_hopper_sdd_one_block_ctas(previous)
-        _ops.set_hopper_min_rows(previous_rows)
 
 
 # The fewest 64-token steps of a Hopper sdd tail piece (kTailMinSteps in cuda/block_sparse/kernel_sm90_sdd.cuh).
@@ -730,14 +698,10 @@ def test_hopper_sdd_tail_split(density, empty_rows, m, dtype):
     torch_dw = (dy.t() @ x).reshape(rows, block, cols, block).transpose(1, 2)[w.row_indices.long(),
                                                                               w.col_indices.long()]
     ref = reference.sdd(dy.float(), x.float(), *index, bshape)
-    previous_splits = _C.set_hopper_sdd_splits(1)  # M unsplit, whatever the split rule would take
-    previous_one_block = _C.set_hopper_sdd_one_block_ctas(0)  # the TMA sdd, whose tail is split
-    try:
-        previous = _C.set_hopper_sdd_tail_split(False)
-        try:
+    with forced_knobs((_C.set_hopper_sdd_splits, 1),  # M unsplit, whatever the split rule would take
+                      (_C.set_hopper_sdd_one_block_ctas, 0)):  # the TMA sdd, whose tail is split
+        with forced_knobs((_C.set_hopper_sdd_tail_split, False)) as (previous,):
             untailed = OPS.sdd_with_bias_grad(dy, x, *index, bshape)
-        finally:
-            _C.set_hopper_sdd_tail_split(previous)
         assert previous  # on by default
         for dw, dw_fused, db in _sdd_calls_on_two_streams(dy, x, index, bshape, w.data.shape):
             assert_like_torch("sdd, tail split", dw, ref, torch_dw)
@@ -747,9 +711,6 @@ def test_hopper_sdd_tail_split(density, empty_rows, m, dtype):
             for got, want in zip((dw_fused, db), untailed):
                 torch.testing.assert_close(got.float(), want.float(), rtol=0,
                                            atol=2 * torch.finfo(dtype).eps * want.float().abs().max().item())
-    finally:
-        _C.set_hopper_sdd_splits(previous_splits)
-        _C.set_hopper_sdd_one_block_ctas(previous_one_block)
 
 
 @pytest.mark.cuda
@@ -770,16 +731,13 @@ def test_hopper_results_do_not_depend_on_the_line_order_or_the_tile_schedule(cas
     from pytorch_block_sparse_ng import _ops
 
     w, index, x, dy, bias, data = _product_case(case, 3)
-    previous = _ops.set_hopper_min_rows(1)
-    try:
+    with forced_knobs((_ops.set_hopper_min_rows, 1)):
         expected = (OPS.dsd(x, data, bias, *index), OPS.dds(dy, data, *index))
         assert_like_torch("dsd (pair order)", expected[0], reference.dsd(x.float(), data.float(), bias.float(), *index),
                           F.linear(x, w.to_dense(data.float()).detach().to(case.dtype), bias))
         generator = torch.Generator().manual_seed(5)
         for schedule, stages in (("counter", 4), ("round_robin", 4), ("counter", 3)):
-            previous_schedule = _ops.set_hopper_tile_schedule(schedule)
-            previous_stages = _ops.set_hopper_pipeline_stages(stages)
-            try:
+            with forced_knobs((_ops.set_hopper_tile_schedule, schedule), (_ops.set_hopper_pipeline_stages, stages)):
                 for row_order, col_order in ((torch.arange(w.grid[0]), torch.arange(w.grid[1])),
                                              (torch.randperm(w.grid[0], generator=generator),
                                               torch.randperm(w.grid[1], generator=generator)),
@@ -787,11 +745,6 @@ def test_hopper_results_do_not_depend_on_the_line_order_or_the_tile_schedule(cas
                     permuted = (*index[:6], row_order.int().cuda(), col_order.int().cuda())
                     assert torch.equal(OPS.dsd(x, data, bias, *permuted), expected[0])
                     assert torch.equal(OPS.dds(dy, data, *permuted), expected[1])
-            finally:
-                _ops.set_hopper_tile_schedule(previous_schedule)
-                _ops.set_hopper_pipeline_stages(previous_stages)
-    finally:
-        _ops.set_hopper_min_rows(previous)
 
 
 @pytest.mark.cuda
@@ -809,8 +762,7 @@ def test_hopper_tile_counter_is_left_zeroed_for_the_next_launch(block):
 
     case = Case(1000, 1024, 768, 0.5, block, torch.bfloat16)
     w, index, x, dy, bias, data = _product_case(case, 7)
-    previous = _ops.set_hopper_min_rows(1)
-    try:
+    with forced_knobs((_ops.set_hopper_min_rows, 1)):
         expected = (OPS.dsd(x, data, bias, *index), OPS.dds(dy, data, *index))
 
         def poisoned_calls():
@@ -845,8 +797,6 @@ def test_hopper_tile_counter_is_left_zeroed_for_the_next_launch(block):
             eager = poisoned_calls()
             torch.cuda.current_stream().wait_stream(side)
             assert same_bits(captured + eager)
-    finally:
-        _ops.set_hopper_min_rows(previous)
 
 
 @pytest.mark.cuda
@@ -867,8 +817,7 @@ def test_training_step_replays_from_a_cuda_graph(block):
         y = layer(x)
         return (y,) + torch.autograd.grad(y, params, dy)
 
-    previous = _ops.set_hopper_min_rows(1)  # the Hopper kernels at M = 300 where the GPU has them
-    try:
+    with forced_knobs((_ops.set_hopper_min_rows, 1)):  # the Hopper kernels at M = 300 where the GPU has them
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -887,8 +836,6 @@ def test_training_step_replays_from_a_cuda_graph(block):
                 # sdd may split its reduction over CUDA atomics: not bitwise reproducible, one bf16 ulp apart
                 scale = want.float().abs().max().item()
                 torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=2 ** -7 * scale, msg=name)
-    finally:
-        _ops.set_hopper_min_rows(previous)
 
 
 # Each kind of self-resetting kernel counter (cuda/counters.h), the knobs that make a case take it, and the case
@@ -935,8 +882,7 @@ def test_cuda_graphs_own_their_kernel_counters(path):
         return (OPS.dsd(x, data, bias, *index), OPS.dds(dy, data, *index)) + OPS.sdd_with_bias_grad(
             dy, x, *index, bshape)
 
-    previous = {name: getattr(_C, name)(value) for name, value in knobs.items()}
-    try:
+    with forced_knobs(*[(getattr(_C, name), value) for name, value in knobs.items()]):
         eager = products()
         streams = (torch.cuda.Stream(), torch.cuda.Stream())
 
@@ -979,9 +925,6 @@ def test_cuda_graphs_own_their_kernel_counters(path):
             del later
             gc.collect()
             torch.cuda.synchronize()
-    finally:
-        for name, value in previous.items():
-            getattr(_C, name)(value)
 
 
 @pytest.mark.cuda
@@ -1010,11 +953,8 @@ def test_every_output_element_is_written(m):
     assert max_err(dw, reference.sdd(dy.float(), x.float(), *index, (64, 64))) < 0.05 * max(1, m) ** 0.5
     from pytorch_block_sparse_ng import _ops
 
-    previous = _ops.set_hopper_sdd_min_blocks_per_row(0)  # the Hopper sdd (M >= 256), which writes the bias
-    try:
+    with forced_knobs((_ops.set_hopper_sdd_min_blocks_per_row, 0)):  # the Hopper sdd (M >= 256), which writes the bias
         _, db = poisoned((512,), lambda: OPS.sdd_with_bias_grad(dy, x, *index, (64, 64)))
-    finally:
-        _ops.set_hopper_sdd_min_blocks_per_row(previous)
     assert max_err(db, dy.float().sum(0)) < 0.05 * max(1, m) ** 0.5
 
 
@@ -1085,15 +1025,12 @@ def test_eager_autograd_node_matches_the_python_function(block, wants, with_bias
     if bias is not None:
         bias.requires_grad_(wants in ("all", "bias"))
     inputs = [t for t in (x, data, bias) if t is not None and t.requires_grad]
-    previous = _ops.set_hopper_min_rows(1)  # the Hopper kernels at these M where the GPU has them
-    try:
+    with forced_knobs((_ops.set_hopper_min_rows, 1)):  # the Hopper kernels at these M where the GPU has them
         y = layer(x)
         assert "LinearFunction" in y.grad_fn.name() or "LinearFunction" in y.grad_fn.next_functions[0][0].name()
         got = torch.autograd.grad(y, inputs, dy)
         y_python = BlockSparseLinearFunction.apply(x.reshape(-1, 512), data, bias, *layer.weight.indices())
         want = torch.autograd.grad(y_python, inputs, dy.reshape(-1, 384))
-    finally:
-        _ops.set_hopper_min_rows(previous)
     torch.testing.assert_close(y.reshape(-1, 384), y_python, rtol=0, atol=0)
     for g, w in zip(got, want):
         # the sdd may split its reduction over atomics: not bitwise reproducible
@@ -1121,8 +1058,7 @@ def test_backward_on_two_streams_matches_one_stream(block):
     params = (x, layer.weight.data, layer.bias)
 
     def grads(overlap):
-        previous = _ops.set_backward_overlap(overlap)
-        try:
+        with forced_knobs((_ops.set_backward_overlap, overlap)):
             out = []
             for _ in range(3):
                 got = torch.autograd.grad(layer(x), params, dy)
@@ -1130,18 +1066,13 @@ def test_backward_on_two_streams_matches_one_stream(block):
                 junk = torch.full((300, 512), float("nan"), device="cuda", dtype=torch.bfloat16)  # reuses memory
                 del junk
             return out
-        finally:
-            _ops.set_backward_overlap(previous)
 
-    previous_rows = _ops.set_hopper_min_rows(1)  # the Hopper kernels at M = 300 where the GPU has them
-    user = torch.cuda.Stream()
-    user.wait_stream(torch.cuda.current_stream())
-    try:
+    with forced_knobs((_ops.set_hopper_min_rows, 1)):  # the Hopper kernels at M = 300 where the GPU has them
+        user = torch.cuda.Stream()
+        user.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(user):
             one, two = grads(False), grads(True)
         torch.cuda.current_stream().wait_stream(user)
-    finally:
-        _ops.set_hopper_min_rows(previous_rows)
     for name, g1, g2 in zip(("grad x", "grad blocks", "grad bias"), one, two):
         # the sdd may split its reduction over atomics: not bitwise reproducible
         torch.testing.assert_close(g2, g1, rtol=0, atol=2 ** -7 * g1.abs().max().item(), msg=name)
@@ -1183,12 +1114,11 @@ def test_programmatic_launch_chain_matches_serial_launches(block, path):
         y = layers(x)
         return [y] + list(torch.autograd.grad(y, params, dy))
 
-    previous = {name: getattr(_ops, name)(value) for name, value in knobs.items()}
-    previous_launch = _ops.set_programmatic_launch(False)
-    # Everything on one side stream: the capture's stream, where the leaves' gradient accumulation must run too.
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    try:
+    with forced_knobs(*[(getattr(_ops, name), value) for name, value in knobs.items()],
+                      (_ops.set_programmatic_launch, False)):
+        # Everything on one side stream: the capture's stream, where the leaves' gradient accumulation must run too.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             serial = [t.float() for t in step()]
             _ops.set_programmatic_launch(True)
@@ -1201,10 +1131,6 @@ def test_programmatic_launch_chain_matches_serial_launches(block, path):
             graph.replay()
             replayed = [t.float() for t in captured]
         torch.cuda.current_stream().wait_stream(stream)
-    finally:
-        _ops.set_programmatic_launch(previous_launch)
-        for name, value in previous.items():
-            getattr(_ops, name)(value)
     for run in eager + [replayed]:
         assert torch.equal(run[0], serial[0]), "forward output differs from serial launches"
         for i, (got, want) in enumerate(zip(run[1:], serial[1:])):
@@ -1242,11 +1168,8 @@ def test_opcheck(dtype):
     for wants in ((True, True, True), (True, True, False), (False, True, True), (True, False, False),
                   (False, False, True)):
         torch.library.opcheck(_ops._linear_grads, (dy, x, data, *index, *wants))
-    previous = _ops.set_hopper_min_rows(1)  # the Hopper sdd where the GPU has it: the bias sum is fused
-    try:
+    with forced_knobs((_ops.set_hopper_min_rows, 1)):  # the Hopper sdd where the GPU has it: the bias sum is fused
         torch.library.opcheck(_ops._sdd_with_bias_grad, (dy, x, *index, [64, 64]))
-    finally:
-        _ops.set_hopper_min_rows(previous)
 
 
 @pytest.mark.cuda
@@ -1383,12 +1306,9 @@ def test_torch_compile_backward_takes_both_products_in_one_op(bias):
     expected = torch.autograd.grad(layer(x), [x, *params], dy)
     compiled = torch.compile(layer, fullgraph=True)
     for overlap in (True, False):
-        previous = _ops.set_backward_overlap(overlap)
-        try:
+        with forced_knobs((_ops.set_backward_overlap, overlap)):
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 got = torch.autograd.grad(compiled(x), [x, *params], dy)
-        finally:
-            _ops.set_backward_overlap(previous)
         assert any(e.key == "pytorch_block_sparse_ng::linear_grads" for e in prof.key_averages())
         for name, g, e in zip(("x", "blocks", "bias"), got, expected):
             torch.testing.assert_close(g, e, rtol=2e-2, atol=2e-2, msg=lambda m: f"grad of {name}: {m}")
