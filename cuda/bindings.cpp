@@ -331,14 +331,14 @@ int64_t set_hopper_min_rows(int64_t rows) {
 }
 
 // The Hopper dsd and dds for few rows of M (kernel_sm90_ws.cuh, Config's Tokens_ / Split_): 128-token tiles whose
-// reduction is split over 1, 2 or 4 CTAs of a thread-block cluster, which add their fp32 sums through distributed
-// shared memory (no workspace, no extra kernels). -1 (default): few_rows_split_for below decides; 0: never (the
-// SM80 kernels, or the 256-token kernel from set_hopper_min_rows); 1, 2 or 4: that split wherever the Hopper
-// kernels run (tests, benchmarks).
+// reduction is split over 1, 2, 4 or 8 CTAs of a thread-block cluster, which add their fp32 sums through
+// distributed shared memory (no workspace, no extra kernels). -1 (default): few_rows_split_for below decides; 0:
+// never (the SM80 kernels, or the 256-token kernel from set_hopper_min_rows); 1, 2, 4 or 8: that split wherever
+// the Hopper kernels run (tests, benchmarks).
 int64_t g_few_rows_split = -1;
 int64_t set_hopper_few_rows_split(int64_t split) {
-  PBSNG_CHECK_VALUE(split >= -1 && split <= 4 && split != 3, "set_hopper_few_rows_split: split=", split,
-                    " must be -1 (auto), 0 (off), 1, 2 or 4");
+  PBSNG_CHECK_VALUE(split == -1 || split == 0 || split == 1 || split == 2 || split == 4 || split == 8,
+                    "set_hopper_few_rows_split: split=", split, " must be -1 (auto), 0 (off), 1, 2, 4 or 8");
   return std::exchange(g_few_rows_split, split);
 }
 
@@ -577,7 +577,17 @@ int few_rows_split_for(Product product, int device, int block, int64_t m, int64_
   // cells of both (1.16x at 4096 -> 1024, M = 128; 1.34x at 8192 -> 512, M = 128).
   const bool sm80_kept = product == Product::kDsd && block == 64 && m < kFewRowsMinRowsBlock64Dsd && split == 0 &&
                          4 * nnz < 3 * cells;
-  return 16 * tiles <= 3 * sms && steps >= 24 && !sm80_kept ? 4 : split;
+  if (16 * tiles > 3 * sms || steps < 24 || sm80_kept) return split;
+  // Where the split of 4 is taken, a split of 8 (the portable cluster limit, session 44) with tiles on at most
+  // 3/32 of the SMs (fewer than 16 clusters of 8 are resident on an H200) and lines of >= 64 k-steps (blocks of
+  // 64) or >= 96 (blocks of 128). H200, fit on dsd 3072 / 4096 / 6144 -> 1024 and 8192 -> 512, dds 1024 -> 4096 / 6144 and
+  // 512 -> 8192 at M = 80-240 (dsd_mid_rows_NVIDIA_H200.txt run 8, dds_mid_rows_*.txt session 44): where so taken
+  // the split of 8 took 0.79-1.04x the split of 4's time (46 cells, summed 0.87x); with shorter lines up to 1.2x
+  // (blocks of 128 at 64 k-steps), on 16 tiles (a second wave of clusters) 1.4-2.1x. Held out (dsd 8192 -> 768 /
+  // 1024, 5120 -> 1024, 12288 -> 512, dds 768 / 1024 -> 8192, 512 -> 12288, 1024 -> 5120, M = 96-384, run 9):
+  // 0.73-1.07x in the 69 cells where taken (summed 0.84x).
+  const bool long_lines = steps >= (block == 64 ? 64 : 96);
+  return 32 * tiles <= 3 * sms && long_lines ? 8 : 4;
 }
 
 // A dsd / dds with blocks of 64 between 256 and kFewRowsMaxRows rows that the few-rows tiles do not take runs the
@@ -982,8 +992,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the previous mode",
         pybind11::arg("mode"));
   m.def("set_hopper_few_rows_split", &pbsng::set_hopper_few_rows_split,
-        "dsd and dds with few rows of M on Hopper: -1 (default) picks 128-token tiles split over 1, 2 or 4 CTAs of a "
-        "cluster by the rules in bindings.cpp, 0 never, 1 / 2 / 4 that split wherever the Hopper kernels run; returns "
+        "dsd and dds with few rows of M on Hopper: -1 (default) picks 128-token tiles split over 1, 2, 4 or 8 CTAs of "
+        "a cluster by the rules in bindings.cpp, 0 never, 1 / 2 / 4 / 8 that split wherever the Hopper kernels run; returns "
         "the previous value",
         pybind11::arg("split"));
   m.def("set_programmatic_launch", &pbsng::set_programmatic_launch,

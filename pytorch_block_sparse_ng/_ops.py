@@ -112,16 +112,17 @@ def set_hopper_min_rows(rows: int) -> int:
 
 
 def set_hopper_few_rows_split(split: int) -> int:
-    """The Hopper dsd and dds for few rows of M: tiles of 128 tokens whose reduction may be split over the 2 or 4
-    CTAs of a thread-block cluster (they add their fp32 sums through distributed shared memory), so that few tiles
-    still fill the GPU. -1 (default): the rule in bindings.cpp (few_rows_split_for), fitted to measurements: the
-    tiles where they fit on the SMs (the dsd's M <= 64 takes the decode kernel first; blocks of 128 also on up to
-    twice the SMs at density <= 0.5 with short lines), a split of 2 where they fill at most half of them and the
-    lines are long, a split of 4 where they fill at most 3/16 of them and the lines have >= 24 steps of 64; blocks
-    of 64 in the dsd keep the SM80 kernels in some cells (below 256 rows where those fill the SMs better, unless
-    the split of 4 applies at density >= 0.75). 0: never
-    (and blocks of 64 keep the 256-token kernels from set_hopper_min_rows); 1, 2 or 4: that split wherever the
-    Hopper kernels run. Returns the previous value."""
+    """The Hopper dsd and dds for few rows of M: tiles of 128 tokens whose reduction may be split over the 2, 4 or
+    8 CTAs of a thread-block cluster (they add their fp32 sums through distributed shared memory), so that few
+    tiles still fill the GPU. -1 (default): the rule in bindings.cpp (few_rows_split_for), fitted to measurements:
+    the tiles where they fit on the SMs (the dsd's M <= 64 takes the decode kernel first; blocks of 128 also on up
+    to twice the SMs at density <= 0.5 with short lines), a split of 2 where they fill at most half of them and the
+    lines are long, a split of 4 where they fill at most 3/16 of them and the lines have >= 24 steps of 64, a split
+    of 8 where they fill at most 3/32 of them and the lines have >= 64 steps (blocks of 64) or >= 96 (blocks of
+    128); blocks of 64 in the dsd keep the SM80 kernels in some cells (below 256 rows where those fill the SMs
+    better, unless the split of 4 applies at density >= 0.75). 0: never (and blocks of 64 keep the 256-token
+    kernels from set_hopper_min_rows); 1, 2, 4 or 8: that split wherever the Hopper kernels run. Returns the
+    previous value."""
     return int(_C.set_hopper_few_rows_split(int(split)))
 
 

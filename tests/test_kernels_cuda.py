@@ -275,7 +275,7 @@ def test_sm80_dsd_split_over_ctas(m, in_features, out_features, density, block, 
             del graph
 
 
-# The Hopper few-rows dsd (128-token tiles, the reduction split over 1, 2 or 4 CTAs of a cluster): M from 1 (decode
+# The Hopper few-rows dsd (128-token tiles, the reduction split over 1, 2, 4 or 8 CTAs of a cluster): M from 1 (decode
 # off) to 511, partial token tiles, K of 3 block columns (uneven key ranges; at density 0.1 CTAs whose range holds
 # no block of their lines), odd line counts (448 = 7 lines of 64), rows without blocks.
 def _few_rows_cases():
@@ -312,7 +312,7 @@ def test_hopper_few_rows_dsd_and_dds(case):
     torch_out = F.linear(x, dense_t, bias)
     ref_dx = reference.dds(dy.float(), data.float(), *index)
     with forced_knobs((_ops.set_decode_max_rows, 0)):
-        for split in (1, 2, 4):
+        for split in (1, 2, 4, 8):
             with forced_knobs((_ops.set_hopper_few_rows_split, split)):
                 y = OPS.dsd(x, data, bias, *index)
                 assert_like_torch(f"few-rows dsd, split {split}", y, ref, torch_out)
@@ -372,7 +372,7 @@ def test_hopper_few_rows_with_many_empty_key_ranges():
                     bias = torch.randn(out_features, generator=g).cuda().bfloat16()
                     ref = reference.dsd(x.float(), data.float(), bias.float(), *index)
                     ref_dx = reference.dds(dy.float(), data.float(), *index)
-                    for split in (4, 2, 1):
+                    for split in (8, 4, 2, 1):
                         _ops.set_hopper_few_rows_split(split)
                         for _ in range(3):
                             case = f"seed {seed}, block {block}, m {m}, split {split}"
@@ -390,19 +390,22 @@ def test_hopper_few_rows_with_many_empty_key_ranges():
 
 @pytest.mark.cuda
 @requires_kernels
-@pytest.mark.parametrize("m, block, density, out_features", [
-    (65, 128, 0.4, 1024), (200, 128, 0.4, 1024), (384, 128, 0.3, 1024),  # few-rows dsd, split 2 / 2 / 1
-    (200, 64, 1.0, 4096), (256, 64, 0.4, 4096), (400, 64, 0.8, 4096),  # blocks of 64: few-rows, split 2 / 2 / 1
-    (256, 64, 0.15, 4096), (700, 64, 0.2, 4096),  # ... the SM80 kernels, the 256-token kernel (bindings.cpp's rule)
-    (96, 64, 0.5, 4096), (160, 64, 0.5, 4096), (200, 64, 0.3, 8192),  # below 256 rows (session 41): split 2 / 2 / 1
-    (384, 64, 0.5, 1024),  # tiles on an eighth to a quarter of the SMs (session 42): split 2
-    (256, 64, 1.0, 1024), (128, 128, 0.5, 1024),  # few tiles, long lines (session 42): split 4
-    (128, 64, 1.0, 1024),  # ... and below 256 rows at density >= 0.75 (session 43): split 4
+@pytest.mark.parametrize("m, block, density, out_features, in_features", [
+    (65, 128, 0.4, 1024, 4096), (200, 128, 0.4, 1024, 4096),  # few-rows dsd, split 2 / 2 ...
+    (384, 128, 0.3, 1024, 4096),  # ... / 1
+    (200, 64, 1.0, 4096, 4096), (256, 64, 0.4, 4096, 4096), (400, 64, 0.8, 4096, 4096),  # blocks of 64: 2 / 2 / 1
+    (256, 64, 0.15, 4096, 4096), (700, 64, 0.2, 4096, 4096),  # ... the SM80 kernels, the 256-token kernel
+    (96, 64, 0.5, 4096, 4096), (160, 64, 0.5, 4096, 4096), (200, 64, 0.3, 8192, 4096),  # below 256 rows: 2 / 2 / 1
+    (384, 64, 0.5, 1024, 4096),  # tiles on an eighth to a quarter of the SMs (session 42): split 2
+    (256, 64, 1.0, 1024, 4096), (128, 128, 0.5, 1024, 4096),  # few tiles, long lines (session 42): split 4
+    (128, 64, 0.8, 1024, 4096),  # ... and below 256 rows at density >= 0.75 (session 43): split 4
+    (128, 64, 1.0, 1024, 4096), (100, 128, 1.0, 512, 8192),  # fewer tiles, longer lines (session 44): split 8 ...
+    (100, 64, 0.5, 8192, 512),  # ... in the dds of the backward
 ])
-def test_few_rows_default_path_in_the_layer(m, block, density, out_features):
+def test_few_rows_default_path_in_the_layer(m, block, density, out_features, in_features):
     """BlockSparseLinear at a few hundred tokens (the default path: on Hopper GPUs the few-rows dsd or, for blocks
     of 64, one of the others; the dds of the backward by its own rule), with a 3-D, non-contiguous input."""
-    layer = BlockSparseLinear(4096, out_features, density=density, block_shape=(block, block), device="cuda",
+    layer = BlockSparseLinear(in_features, out_features, density=density, block_shape=(block, block), device="cuda",
                               dtype=torch.bfloat16, generator=torch.Generator().manual_seed(8))
     _check_layer_on_strided_3d_input("BlockSparseLinear, few rows", layer, m)
 
@@ -1459,7 +1462,7 @@ def test_hopper_knobs_check_their_argument_and_return_the_previous_value():
     assert _ops.set_hopper_few_rows_split(2) == -1
     assert _ops.set_hopper_few_rows_split(-1) == 2
     for split in (3, 5):
-        with pytest.raises(ValueError, match=rf"split={split} must be -1 \(auto\), 0 \(off\), 1, 2 or 4"):
+        with pytest.raises(ValueError, match=rf"split={split} must be -1 \(auto\), 0 \(off\), 1, 2, 4 or 8"):
             _ops.set_hopper_few_rows_split(split)
     assert _ops.set_hopper_blocks_of_32(1) == -1
     assert _ops.set_hopper_blocks_of_32(-1) == 1

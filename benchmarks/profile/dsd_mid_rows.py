@@ -6,8 +6,8 @@ For bf16 weights (blocks 64 / 128, densities 0.1-1.0): dense F.linear, the decod
 kernels (Hopper kernels off; below ~128 x SMs / block rows tokens they split each row's blocks over CTAs into an
 fp32 workspace), the Hopper 256-token kernel (minimum rows lowered to 1, few-rows dsd off; the binding still takes
 the SM80 split path wherever the split rule applies), the Hopper few-rows dsd forced to each split (128-token tiles,
-the reduction split over 1, 2 or 4 CTAs of a cluster; 4 since session 42) and the default path. Per call in a CUDA
-graph of 20 calls, the same weight at every call (hot in L2). Written in session 13 to size the mid-M gap, extended
+the reduction split over 1, 2, 4 or 8 CTAs of a cluster; 4 since session 42, 8 since session 44) and the
+default path. Per call in a CUDA graph of 20 calls, the same weight at every call (hot in L2). Written in session 13 to size the mid-M gap, extended
 in session 17 with the few-rows dsd: benchmarks/results/dsd_mid_rows_*.txt. --op dds times the dds (dx = dy W, the
 input gradient) the same way (session 20): dense dy @ W, no decode kernel, the SM80 kernel (no split), the 256-token
 kernel, the few-rows tiles. At the end a summary per shape (default / best / dense, summed) and the cells where the
@@ -29,7 +29,7 @@ from pytorch_block_sparse_ng import BlockSparseMatrix, _extension, _ops  # noqa:
 
 from bench_linear import graph_timers, rounds_ms, with_knobs  # noqa: E402
 
-FEW_ROWS_SPLITS = (1, 2, 4)  # the few-rows tiles' splits, each a column (_ops.set_hopper_few_rows_split)
+FEW_ROWS_SPLITS = (1, 2, 4, 8)  # the few-rows tiles' splits, each a column (_ops.set_hopper_few_rows_split)
 
 
 def summary(cells, miss=1.05):

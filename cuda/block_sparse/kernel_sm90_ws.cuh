@@ -82,8 +82,10 @@ struct Config {
   static_assert(Tokens_ == 256 || Tokens_ == 128, "tiles of 256 or 128 tokens");
   // Splits of 4 (session 42) for narrow products, whose tiles fill too few SMs even with a split of 2. Session 17
   // had measured them slower than 2 in every cell on 4096 x 4096 (M = 65-1024), where a split of 2 already fills
-  // the SMs, with a grid of SMs / 4 = 33 clusters: more than fit at a time (see resident_clusters).
-  static_assert(Split_ == 1 || (Tokens_ == 128 && (Split_ == 2 || Split_ == 4)), "a split of 2 or 4 CTAs, 128 tokens");
+  // the SMs, with a grid of SMs / 4 = 33 clusters: more than fit at a time (see resident_clusters). Splits of 8
+  // (session 44, the portable cluster limit) for the narrowest: each CTA stores 16 tokens, one stmatrix row.
+  static_assert(Split_ == 1 || (Tokens_ == 128 && (Split_ == 2 || Split_ == 4 || Split_ == 8)),
+                "a split of 2, 4 or 8 CTAs, 128 tokens");
   static constexpr int kLinesPerTile = Block == 64 ? 2 : 1;
   static constexpr int kTokens = Tokens_, kFeatures = 128, BK = 64, kStages = Stages_, kSplit = Split_;
   // The output tile is staged in shared memory in parts of kOutTokens tokens: 4 stages of 48 KB leave room for
@@ -919,7 +921,7 @@ cudaError_t launch_for_block(int block, int stages, const void* act, int64_t m, 
   }
 }
 
-// dsd / dds with few rows of M: 128-token tiles whose reduction is split over `split` CTAs (1, 2 or 4).
+// dsd / dds with few rows of M: 128-token tiles whose reduction is split over `split` CTAs (1, 2, 4 or 8).
 template <class T, bool TransposeW>
 cudaError_t launch_few_rows(int block, int split, const void* act, int64_t m, int n_other, const void* data,
                             int64_t nnz, const int32_t* offsets, const int32_t* keys, const int32_t* slots,
@@ -937,6 +939,8 @@ cudaError_t launch_few_rows(int block, int split, const void* act, int64_t m, in
     PBSNG_SM90WS_FEW_ROWS_CASE(128, 2)
     PBSNG_SM90WS_FEW_ROWS_CASE(64, 4)
     PBSNG_SM90WS_FEW_ROWS_CASE(128, 4)
+    PBSNG_SM90WS_FEW_ROWS_CASE(64, 8)
+    PBSNG_SM90WS_FEW_ROWS_CASE(128, 8)
 #undef PBSNG_SM90WS_FEW_ROWS_CASE
     default: return cudaErrorInvalidValue;
   }

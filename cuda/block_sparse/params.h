@@ -34,7 +34,7 @@ struct DsdParams {
   int sms;                  // multiprocessors of the device (the Hopper kernels' persistent grid)
   int stages;               // Hopper kernel: pipeline stages, 3 or 4
   int tile_rows = 128;      // SM80 kernel: rows of M per CTA, 64 or 128
-  int few_rows_split = 0;   // Hopper kernel: 0, 256-token tiles; 1, 2 or 4, 128-token tiles whose reduction is
+  int few_rows_split = 0;   // Hopper kernel: 0, 256-token tiles; 1, 2, 4 or 8, 128-token tiles whose reduction is
                             // split over that many CTAs of a cluster (few rows of M)
   int b32_columns = 2;      // Hopper kernel for blocks of 32: block columns per pipeline stage, 1 or 2
   int b32_pair_boxes = 0;   // Hopper kernel for blocks of 32: sm90b32::PairBoxes bits (two blocks per TMA box)
