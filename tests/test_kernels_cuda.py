@@ -1088,6 +1088,7 @@ PROGRAMMATIC_CHAIN_PATHS = {
     "sm80 kernels": (200, {"set_hopper_few_rows_split": 0}),
     "few rows split 2": (200, {"set_hopper_few_rows_split": 2}),
     "few rows split 4": (200, {"set_hopper_few_rows_split": 4}),
+    "few rows split 8": (200, {"set_hopper_few_rows_split": 8}),
     "256-token tiles": (700, {"set_hopper_min_rows": 1, "set_hopper_few_rows_split": 0}),
 }
 
