@@ -582,8 +582,8 @@ int few_rows_split_for(Product product, int device, int block, int64_t m, int64_
   // 3/32 of the SMs (fewer than 16 clusters of 8 are resident on an H200) and lines of >= 64 k-steps (blocks of
   // 64) or >= 96 (blocks of 128). H200, fit on dsd 3072 / 4096 / 6144 -> 1024 and 8192 -> 512, dds 1024 -> 4096 / 6144 and
   // 512 -> 8192 at M = 80-240 (dsd_mid_rows_NVIDIA_H200.txt run 8, dds_mid_rows_*.txt session 44): where so taken
-  // the split of 8 took 0.79-1.04x the split of 4's time (46 cells, summed 0.87x); with shorter lines up to 1.2x
-  // (blocks of 128 at 64 k-steps), on 16 tiles (a second wave of clusters) 1.4-2.1x. Held out (dsd 8192 -> 768 /
+  // the split of 8 took 0.79-1.04x the split of 4's time (46 cells, summed 0.87x); with shorter lines up to 1.1x
+  // (blocks of 128 at 64 k-steps; 1.18x at 32), on 16 tiles (a second wave of clusters) 1.4-2.1x. Held out (dsd 8192 -> 768 /
   // 1024, 5120 -> 1024, 12288 -> 512, dds 768 / 1024 -> 8192, 512 -> 12288, 1024 -> 5120, M = 96-384, run 9):
   // 0.73-1.07x in the 69 cells where taken (summed 0.84x).
   const bool long_lines = steps >= (block == 64 ? 64 : 96);
