@@ -5,8 +5,8 @@ eager steps under each setting (torch.profiler's CUDA trace): which kernel start
     python benchmarks/profile/pdl_step.py [--blocks 128] [--densities 0.25,0.5] [--rounds 7] [--out DIR]
 
 Written in session 44: the H200's bar runs with the programmatic launch (bar_cells run 3-4) timed the eager step at
-block 128, density 0.25 / 0.5 3-7 % slower than the runs before it (runs 1-2), within the spread of eager steps
-across processes, while the A/B of the backward alone (ab_programmatic_launch_*.txt) found no difference.
+block 128, density 0.25 / 0.5 ~5 % slower (0.5-9 %) than the runs before it (runs 1-2), within the spread of eager
+steps across processes, while the A/B of the backward alone (ab_programmatic_launch_*.txt) found no difference.
 """
 import json
 import os
