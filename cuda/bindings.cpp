@@ -580,12 +580,12 @@ int few_rows_split_for(Product product, int device, int block, int64_t m, int64_
   if (16 * tiles > 3 * sms || steps < 24 || sm80_kept) return split;
   // Where the split of 4 is taken, a split of 8 (the portable cluster limit, session 44) with tiles on at most
   // 3/32 of the SMs (fewer than 16 clusters of 8 are resident on an H200) and lines of >= 64 k-steps (blocks of
-  // 64) or >= 96 (blocks of 128). H200, fit on dsd 3072 / 4096 / 6144 -> 1024 and 8192 -> 512, dds 1024 -> 4096 / 6144 and
-  // 512 -> 8192 at M = 80-240 (dsd_mid_rows_NVIDIA_H200.txt run 8, dds_mid_rows_*.txt session 44): where so taken
-  // the split of 8 took 0.79-1.04x the split of 4's time (46 cells, summed 0.87x); with shorter lines up to 1.1x
-  // (blocks of 128 at 64 k-steps; 1.18x at 32), on 16 tiles (a second wave of clusters) 1.4-2.1x. Held out (dsd 8192 -> 768 /
-  // 1024, 5120 -> 1024, 12288 -> 512, dds 768 / 1024 -> 8192, 512 -> 12288, 1024 -> 5120, M = 96-384, run 9):
-  // 0.73-1.07x in the 69 cells where taken (summed 0.84x).
+  // 64) or >= 96 (blocks of 128). H200, fit on dsd 3072 / 4096 / 6144 -> 1024 and 8192 -> 512, dds 1024 -> 4096 /
+  // 6144 and 512 -> 8192 at M = 80-240 (dsd_mid_rows_NVIDIA_H200.txt run 8, dds_mid_rows_*.txt session 44): where
+  // so taken the split of 8 took 0.79-1.04x the split of 4's time (46 cells, summed 0.87x); with shorter lines up
+  // to 1.1x (blocks of 128 at 64 k-steps; 1.18x at 32), on 16 tiles (a second wave of clusters) 1.4-2.1x. Held out
+  // (dsd 8192 -> 768 / 1024, 5120 -> 1024, 12288 -> 512, dds 768 / 1024 -> 8192, 512 -> 12288, 1024 -> 5120, M =
+  // 96-384, run 9): 0.73-1.07x in the 69 cells where taken (summed 0.84x).
   const bool long_lines = steps >= (block == 64 ? 64 : 96);
   return 32 * tiles <= 3 * sms && long_lines ? 8 : 4;
 }
@@ -993,8 +993,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("mode"));
   m.def("set_hopper_few_rows_split", &pbsng::set_hopper_few_rows_split,
         "dsd and dds with few rows of M on Hopper: -1 (default) picks 128-token tiles split over 1, 2, 4 or 8 CTAs of "
-        "a cluster by the rules in bindings.cpp, 0 never, 1 / 2 / 4 / 8 that split wherever the Hopper kernels run; returns "
-        "the previous value",
+        "a cluster by the rules in bindings.cpp, 0 never, 1 / 2 / 4 / 8 that split wherever the Hopper kernels run; "
+        "returns the previous value",
         pybind11::arg("split"));
   m.def("set_programmatic_launch", &pbsng::set_programmatic_launch,
         "launch the kernels with programmatic dependent launch on sm_90 GPUs (True, default: each may start while "

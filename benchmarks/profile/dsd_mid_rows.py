@@ -7,12 +7,15 @@ kernels (Hopper kernels off; below ~128 x SMs / block rows tokens they split eac
 fp32 workspace), the Hopper 256-token kernel (minimum rows lowered to 1, few-rows dsd off; the binding still takes
 the SM80 split path wherever the split rule applies), the Hopper few-rows dsd forced to each split (128-token tiles,
 the reduction split over 1, 2, 4 or 8 CTAs of a cluster; 4 since session 42, 8 since session 44) and the
-default path. Per call in a CUDA graph of 20 calls, the same weight at every call (hot in L2). Written in session 13 to size the mid-M gap, extended
-in session 17 with the few-rows dsd: benchmarks/results/dsd_mid_rows_*.txt. --op dds times the dds (dx = dy W, the
-input gradient) the same way (session 20): dense dy @ W, no decode kernel, the SM80 kernel (no split), the 256-token
-kernel, the few-rows tiles. At the end a summary per shape (default / best / dense, summed) and the cells where the
-default path is more than 5 % off the best (session 41). Since session 42 every path of a cell (dense too) is
-captured first and the graphs are timed in --rounds rounds of rotating order.
+default path. Per call in a CUDA graph of 20 calls, the same weight at every call (hot in L2). Written in session
+13 to size the mid-M gap, extended in session 17 with the few-rows dsd: benchmarks/results/dsd_mid_rows_*.txt.
+--op dds times the dds (dx = dy W, the input gradient) the same way (session 20): dense dy @ W, no decode kernel,
+the SM80 kernel (no split), the 256-token kernel, the few-rows tiles. At the end a summary per shape (default /
+best / dense, summed) and the cells where the default path is more than 5 % off the best (session 41). Since
+session 42 every path of a cell (dense too) is captured first and the graphs are timed in --rounds rounds of
+rotating order. At thousands of tokens the default column read up to 1.19x the same kernel's hopper column
+(session 44, run 10), probably because it is always timed right after a heavy path (dense or the split of 8):
+compare columns there with care.
 """
 import argparse
 import os
