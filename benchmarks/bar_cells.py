@@ -9,7 +9,11 @@ within a second of sustained load, benchmarks/profile/graph_step_timeline.py), a
 ms within one process, so a bar at the edge needs its ratio measured in the same rounds.
 
     python benchmarks/bar_cells.py [--rounds 7] [--shape 8192x4096x4096] [--blocks 64,128]
-        [--densities 0.1,0.25,0.5,1.0]
+        [--densities 0.1,0.25,0.5,1.0] [--order rotate|shuffle]
+
+--order shuffle (session 44, not yet run) draws each round's order at random instead of rotating one fixed order,
+in which each method always follows the same neighbour (block 128 at density 0.1 after block 64 at 1.0, STK after
+ours): see bench_linear.rounds_ms.
 """
 import os
 import statistics
@@ -37,7 +41,8 @@ def report(group, times, pairs):
 
 
 def main():
-    args, x, dy = ab_setup(__doc__, rounds=7)
+    args, x, dy = ab_setup(__doc__, rounds=7, extra=(("--order", "rotate"),))
+    print(f"order of each round: {args.order}")
     xg = x.clone().requires_grad_(True)
     w = (torch.randn(args.n, args.k, device="cuda", dtype=torch.bfloat16) / args.k ** 0.5).requires_grad_(True)
     b = torch.zeros(args.n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -64,14 +69,15 @@ def main():
                 pairs.append((f"stk d={density}", name))
     no_stk = {name: fn for name, fn in forwards.items() if not name.startswith("stk")}
 
+    def rounds(timers):
+        return rounds_ms(timers, args.rounds, args.order)
+
     with torch.no_grad():
-        report("forward, eager", rounds_ms({n: (lambda f=f: time_ms(f)) for n, f in forwards.items()}, args.rounds),
-               pairs)
-        report("forward, graph of 20 calls", rounds_ms(graph_timers(no_stk, 20, 30), args.rounds),
+        report("forward, eager", rounds({n: (lambda f=f: time_ms(f)) for n, f in forwards.items()}), pairs)
+        report("forward, graph of 20 calls", rounds(graph_timers(no_stk, 20, 30)),
                [p for p in pairs if not p[0].startswith("stk")])
-    report("training step, eager", rounds_ms({n: (lambda f=f: time_ms(f)) for n, f in steps.items()}, args.rounds),
-           pairs)
-    report("training step, graph of 4 steps", rounds_ms(graph_timers(steps, 4, 30), args.rounds), pairs)
+    report("training step, eager", rounds({n: (lambda f=f: time_ms(f)) for n, f in steps.items()}), pairs)
+    report("training step, graph of 4 steps", rounds(graph_timers(steps, 4, 30)), pairs)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import statistics
 import sys
@@ -105,14 +106,22 @@ def ratio_report(label, times):
     return f"{label}: " + "  ".join(cells) + f"  spread {max(base) / min(base):.3f}"
 
 
-def rounds_ms(timers, rounds):
+def rounds_ms(timers, rounds, order="rotate"):
     """{name: [ms, one per round]}: every timer() called once per round, in an order rotating by round, so that
-    drift (the host's speed, the GPU's clock) hits every method alike."""
+    drift (the host's speed, the GPU's clock) hits every method alike. order="shuffle" draws each round's order at
+    random instead (seeded by the round): a rotation keeps every method's neighbours, and a heavy method may slow
+    the one timed right after it (suspected in session 44, benchmarks/profile/neighbour_effect.py)."""
+    if order not in ("rotate", "shuffle"):
+        raise ValueError(f"rounds_ms: order={order!r} must be 'rotate' or 'shuffle'")
     times = {name: [] for name in timers}
     items = list(timers.items())
     for r in range(rounds):
-        shift = r % len(items)
-        for name, timer in items[shift:] + items[:shift]:
+        if order == "shuffle":
+            ordered = random.Random(r).sample(items, len(items))
+        else:
+            shift = r % len(items)
+            ordered = items[shift:] + items[:shift]
+        for name, timer in ordered:
             times[name].append(timer())
     return times
 

@@ -65,6 +65,8 @@ def main():
     parser.add_argument("--blocks", default="64,128", help="32 too: its Hopper kernel has no few-rows tiles (nan)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every path's graph, in rotating order")
     parser.add_argument("--reps", type=int, default=15, help="replays timed per path and round (median)")
+    parser.add_argument("--order", default="rotate", choices=("rotate", "shuffle"),
+                        help="each round's order of the paths (bench_linear.rounds_ms; shuffle: since session 44)")
     args = parser.parse_args()
     dds = args.op == "dds"
     ops = _extension.get()
@@ -102,7 +104,8 @@ def main():
                         paths.update({split: [(decode, 0), (min_rows, 1), (few, split)] for split in FEW_ROWS_SPLITS})
                     timers = graph_timers({"dense": dense, **{path: with_knobs(run, knobs)
                                                               for path, knobs in paths.items()}}, 20, args.reps)
-                    times = {path: statistics.median(t) for path, t in rounds_ms(timers, args.rounds).items()}
+                    rounds = rounds_ms(timers, args.rounds, args.order)
+                    times = {path: statistics.median(t) for path, t in rounds.items()}
                     times = {"decode": float("nan"), **{s: float("nan") for s in FEW_ROWS_SPLITS}, **times}
                     print(f"{k:4d} {n:4d} {m:4d} {block:5d} {density:4.2f} | {times['dense']:.4f} | "
                           f"{times['decode']:.4f} | "
