@@ -37,6 +37,13 @@ __device__ __forceinline__ void release_next_grid() {
 #endif
 }
 
+// What every product kernel does before its first global access: wait for the previous grid, then release the
+// next one. A no-op without the attribute and in the sm_80 code.
+__device__ __forceinline__ void wait_for_previous_grid_and_release_next() {
+  wait_for_previous_grid();
+  release_next_grid();
+}
+
 // The launch configuration of kernel<<<grid, threads, smem_bytes, stream>>>, in clusters of `cluster` CTAs when
 // > 1, and with the programmatic-serialization attribute when `programmatic`. `attrs` holds the attributes it
 // points to, so it must outlive the configuration's use (also for occupancy queries, which take the same config).

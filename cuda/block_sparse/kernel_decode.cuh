@@ -58,8 +58,7 @@ __global__ void __launch_bounds__(WARPS * 32) dsd_decode_kernel(DsdParams p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
   const int r = blockIdx.x / kSlices, slice = blockIdx.x % kSlices;
-  wait_for_previous_grid();  // before any global access; a no-op in the sm_80 code (grid_dependency.cuh)
-  release_next_grid();
+  wait_for_previous_grid_and_release_next();  // before any global access (grid_dependency.cuh)
   const int row_begin = __ldg(p.row_offsets + r), row_end = __ldg(p.row_offsets + r + 1);
   const T* data = static_cast<const T*>(p.data);
   const T* x = static_cast<const T*>(p.x);

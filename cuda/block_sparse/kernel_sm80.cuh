@@ -349,8 +349,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) dsd_kernel(DsdParams p) {
   extern __shared__ __align__(128) char smem[];
   const int r = blockIdx.x;  // block row: neighbouring CTAs share the x tile, the weights stay in L2
   const int64_t m0 = int64_t(blockIdx.y) * Cfg::BM;
-  wait_for_previous_grid();  // before any global access; a no-op in the sm_80 code (grid_dependency.cuh)
-  release_next_grid();
+  wait_for_previous_grid_and_release_next();  // before any global access (grid_dependency.cuh)
   const int64_t K = int64_t(p.n_block_cols) * Cfg::BN, N = int64_t(p.n_block_rows) * Cfg::BN;
   const int row_begin = __ldg(p.row_offsets + r);
   const int count = __ldg(p.row_offsets + r + 1) - row_begin;
@@ -407,8 +406,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) dds_kernel(DdsParams p) {
   extern __shared__ __align__(128) char smem[];
   const int c = blockIdx.x;  // block column of W = block of columns of dx
   const int64_t m0 = int64_t(blockIdx.y) * Cfg::BM;
-  wait_for_previous_grid();  // before any global access; a no-op in the sm_80 code (grid_dependency.cuh)
-  release_next_grid();
+  wait_for_previous_grid_and_release_next();  // before any global access (grid_dependency.cuh)
   const int64_t K = int64_t(p.n_block_cols) * Cfg::BN, N = int64_t(p.n_block_rows) * Cfg::BN;
   const int begin = __ldg(p.col_offsets_t + c);
   const int end = __ldg(p.col_offsets_t + c + 1);
@@ -447,8 +445,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) sdd_kernel(SddParams p) {
   extern __shared__ __align__(128) char smem[];
   const int64_t j = blockIdx.x;
   const int split = blockIdx.y;
-  wait_for_previous_grid();  // before any global access; a no-op in the sm_80 code (grid_dependency.cuh)
-  release_next_grid();
+  wait_for_previous_grid_and_release_next();  // before any global access (grid_dependency.cuh)
   const int64_t K = int64_t(p.n_block_cols) * Cfg::BN, N = int64_t(p.n_block_rows) * Cfg::BM;
   const int r = __ldg(p.row_indices + j), c = __ldg(p.col_indices + j);
   const int64_t total = (p.m + Cfg::BK - 1) / Cfg::BK;

@@ -400,8 +400,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) b32_kernel(const __grid_cons
   }
   sm90ws::init_pipeline<S>(sh.full, sh.empty, 256);  // its fence covers the inits above (same thread)
   __syncthreads();
-  wait_for_previous_grid();  // no global access above (grid_dependency.cuh)
-  release_next_grid();
+  wait_for_previous_grid_and_release_next();  // no global access above (grid_dependency.cuh)
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<96>();

@@ -418,8 +418,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_kernel(const __grid_cons
   constexpr int C = Cfg::kChunk;
   const int steps = int((p.m + BK - 1) / BK);
   int row = int(blockIdx.x), slot = int(blockIdx.y);
-  wait_for_previous_grid();  // before any global access (grid_dependency.cuh)
-  release_next_grid();
+  wait_for_previous_grid_and_release_next();  // before any global access (grid_dependency.cuh)
   int tail_item = -1, piece = 0, pieces = 1;
   const bool tail_cta = slot >= p.item_slots;
   if (!tail_cta && !RowSlots<C>(p, __ldg(p.row_offsets + row + 1) - __ldg(p.row_offsets + row)).works(slot)) {

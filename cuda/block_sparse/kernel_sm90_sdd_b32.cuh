@@ -189,8 +189,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) sdd_b32_kernel(const __grid_
   auto& sh = sm90ws::aligned_shared_storage<typename Cfg::SharedStorage>(smem_raw);
 
   const int group = int(blockIdx.x), slot = int(blockIdx.y);
-  wait_for_previous_grid();  // before any global access (grid_dependency.cuh)
-  release_next_grid();
+  wait_for_previous_grid_and_release_next();  // before any global access (grid_dependency.cuh)
   int rows[R], begin[R], blocks[R], total = 0;
   CUTE_UNROLL
   for (int r = 0; r < R; ++r) {

@@ -227,8 +227,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) sdd_cpasync_kernel(const __g
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ char smem_raw[];
   const int cta = int(blockIdx.x);
-  wait_for_previous_grid();  // before any global access (grid_dependency.cuh)
-  release_next_grid();
+  wait_for_previous_grid_and_release_next();  // before any global access (grid_dependency.cuh)
   if (cta >= p.nnz) {
     const int row = cta - p.nnz;
     if (__ldg(p.row_offsets + row) == __ldg(p.row_offsets + row + 1)) {

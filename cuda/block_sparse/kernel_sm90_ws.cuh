@@ -603,8 +603,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
     cute::cluster_arrive_relaxed();
     cute::cluster_wait();
   }
-  wait_for_previous_grid();  // no global access above (grid_dependency.cuh)
-  release_next_grid();
+  wait_for_previous_grid_and_release_next();  // no global access above (grid_dependency.cuh)
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
@@ -763,8 +762,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) ws_kernel(const __grid_const
 
 // How many clusters of the split's CTAs are resident at once (the round-robin grid; more would wait for a second
 // wave). CTAs of ~200 KB take an SM each and a cluster's CTAs share a GPC: on an H200 (132 SMs) 66 clusters of 2
-// and 30 of 4 (120 CTAs; cudaOccupancyMaxActiveClusters, session 42). Asked once per device; SMs / split if the
-// query fails.
+// and 30 of 4 (120 CTAs; cudaOccupancyMaxActiveClusters, session 42), fewer than 16 of 8 (16 tiles ran a second
+// wave, session 44). Asked once per device; SMs / split if the query fails.
 template <class Cfg>
 cudaError_t resident_clusters(int sms, int* clusters) {
   static std::atomic<int> known[64];  // per device; 0: not asked yet (zero-initialised: static)
