@@ -175,16 +175,14 @@ def time_graph_ms(fn, calls, reps):
 
 
 def with_knobs(fn, knobs):
-    """fn() with each (setter, value) of `knobs` set for the call and restored after it, last set first restored:
-    the extension's path knobs (pytorch_block_sparse_ng._ops.set_*, each returning the previous value) act when a
-    call is made or captured, so an A/B can interleave paths, eagerly or as CUDA graphs captured under them."""
+    """fn() with each (setter, value) of `knobs` set for the call and restored after it (_ops.forced_knobs): the
+    extension's path knobs act when a call is made or captured, so an A/B can interleave paths, eagerly or as CUDA
+    graphs captured under them."""
+    from pytorch_block_sparse_ng import _ops  # needs the built extension, unlike the rest of this module
+
     def call():
-        previous = [(setter, setter(value)) for setter, value in knobs]
-        try:
+        with _ops.forced_knobs(*knobs):
             return fn()
-        finally:
-            for setter, value in reversed(previous):
-                setter(value)
 
     return call
 

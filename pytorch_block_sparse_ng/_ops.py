@@ -18,6 +18,7 @@ Importing this module raises ImportError (quoting how the extension was built) w
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import List, Optional, Tuple
 
@@ -51,7 +52,7 @@ __all__ = ["supports", "device_supported", "dsd", "dds", "sdd", "sdd_with_bias_g
            "set_hopper_few_rows_split", "set_hopper_blocks_of_32", "set_hopper_b32_columns", "set_hopper_b32_dds_copy",
            "set_hopper_b32_pair_boxes", "set_hopper_sdd_b32_mode", "set_hopper_sdd_splits",
            "set_hopper_sdd_one_block_ctas",
-           "set_backward_overlap", "set_programmatic_launch"]
+           "set_backward_overlap", "set_programmatic_launch", "forced_knobs"]
 
 # dsd / dds with blocks 64 / 128 run on the Hopper kernels (TMA + wgmma; sm_90a builds, sm_90 GPUs, M >= 256 by
 # default) unless this is "0".
@@ -196,6 +197,22 @@ def set_programmatic_launch(enabled: bool) -> bool:
     kernel's results before it reads or writes global memory (cuda/block_sparse/grid_dependency.cuh), which hides
     the gap between back-to-back kernels. Results are the same either way; returns the previous setting."""
     return bool(_C.set_programmatic_launch(bool(enabled)))
+
+
+@contextlib.contextmanager
+def forced_knobs(*settings):
+    """Sets each (setter, value) of ``settings`` (the ``set_*`` knobs above, which return the previous value) for
+    the ``with`` block and yields the previous values; restores them on exit, last set first restored, also when
+    the block or a later setter raises. The knobs act when a call is made or captured into a CUDA graph, so tests
+    and benchmarks can force one path: ``with forced_knobs((set_hopper_few_rows_split, 8)): ...``."""
+    previous = []
+    try:
+        for setter, value in settings:
+            previous.append((setter, setter(value)))
+        yield tuple(value for _, value in previous)
+    finally:
+        for setter, value in reversed(previous):
+            setter(value)
 
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)

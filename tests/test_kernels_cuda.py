@@ -6,7 +6,6 @@ the errors being the largest absolute difference to the fp32 result. They skip w
 extension is there. The argument-check tests need only the built extension (they run on CPU-only machines).
 """
 
-import contextlib
 import itertools
 import os
 import subprocess
@@ -102,17 +101,12 @@ def _check_products(label, case, w, index, x, dy, bias, data):
     assert_like_torch(f"bias gradient ({label})", db, dy.float().sum(0), dy.sum(0))
 
 
-@contextlib.contextmanager
 def forced_knobs(*settings):
-    """Sets each (setter, value) for the block (yields the old values): a failing test must not leave knobs forced."""
-    previous = []
-    try:
-        for setter, value in settings:
-            previous.append((setter, setter(value)))
-        yield tuple(value for _, value in previous)
-    finally:
-        for setter, value in reversed(previous):
-            setter(value)
+    """_ops.forced_knobs (knobs set for a with block, restored after it), imported when a test runs: _ops needs the
+    built extension, and this module must import without it."""
+    from pytorch_block_sparse_ng import _ops
+
+    return _ops.forced_knobs(*settings)
 
 
 @pytest.mark.cuda
@@ -1427,6 +1421,30 @@ def test_build_record_is_quoted():
     text = _ops.describe_build()
     assert "archs" in text and "torch" in text, text
     assert _C.BUILD_ARCHS != "unknown"
+
+
+@requires_extension
+def test_forced_knobs_restores_every_knob_even_when_the_block_or_a_setter_raises():
+    from pytorch_block_sparse_ng import _ops
+
+    rows, split = _ops.set_hopper_min_rows(300), _ops.set_hopper_few_rows_split(2)
+    try:
+        with forced_knobs((_ops.set_hopper_min_rows, 7), (_ops.set_hopper_few_rows_split, 8)) as previous:
+            assert previous == (300, 2)
+            assert _ops.set_hopper_min_rows(7) == 7 and _ops.set_hopper_few_rows_split(8) == 8
+            _ops.set_hopper_few_rows_split(4)  # changed inside the block: still restored
+        assert _ops.set_hopper_min_rows(300) == 300 and _ops.set_hopper_few_rows_split(2) == 2
+        with pytest.raises(KeyError):
+            with forced_knobs((_ops.set_hopper_min_rows, 9)):
+                raise KeyError("the block fails")
+        assert _ops.set_hopper_min_rows(300) == 300
+        with pytest.raises(ValueError, match="split=3"):
+            with forced_knobs((_ops.set_hopper_min_rows, 11), (_ops.set_hopper_few_rows_split, 3)):
+                pass
+        assert _ops.set_hopper_min_rows(300) == 300 and _ops.set_hopper_few_rows_split(2) == 2
+    finally:
+        _ops.set_hopper_min_rows(rows)
+        _ops.set_hopper_few_rows_split(split)
 
 
 @requires_extension

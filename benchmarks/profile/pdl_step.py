@@ -28,8 +28,7 @@ SETTINGS = {"on": True, "off": False}
 def timeline(step, launch, out, label, steps=4):
     """Print the kernels of the last two of `steps` eager steps: start (us from the first of them), duration,
     stream and name, from torch.profiler's chrome trace."""
-    previous = _ops.set_programmatic_launch(launch)
-    try:
+    with _ops.forced_knobs((_ops.set_programmatic_launch, launch)):
         for _ in range(3):
             step()
         torch.cuda.synchronize()
@@ -37,8 +36,6 @@ def timeline(step, launch, out, label, steps=4):
             for _ in range(steps):
                 step()
             torch.cuda.synchronize()
-    finally:
-        _ops.set_programmatic_launch(previous)
     path = os.path.join(out, f"trace_{label}.json")
     prof.export_chrome_trace(path)
     with open(path) as f:
