@@ -9,11 +9,14 @@ within a second of sustained load, benchmarks/profile/graph_step_timeline.py), a
 ms within one process, so a bar at the edge needs its ratio measured in the same rounds.
 
     python benchmarks/bar_cells.py [--rounds 7] [--shape 8192x4096x4096] [--blocks 64,128]
-        [--densities 0.1,0.25,0.5,1.0] [--order rotate|shuffle]
+        [--densities 0.1,0.25,0.5,1.0] [--order rotate|shuffle] [--settle 0]
 
---order shuffle (session 44, not yet run) draws each round's order at random instead of rotating one fixed order,
-in which each method always follows the same neighbour (block 128 at density 0.1 after block 64 at 1.0, STK after
-ours): see bench_linear.rounds_ms.
+--order shuffle (session 44) draws each round's order at random instead of rotating one fixed order, in which each
+method always follows the same neighbour (block 128 at density 0.1 after block 64 at 1.0, STK after ours).
+--settle S (session 45) runs each method by itself for S seconds before its timing, so that it is timed at the
+clock of its own sustained load, not at the one its predecessor left: under the power cap the same kernel read
+0.052 ms after an idle half second and 0.059-0.072 ms right after dense (benchmarks/results/neighbour_effect_*.txt).
+See bench_linear.rounds_ms.
 """
 import os
 import statistics
@@ -41,8 +44,8 @@ def report(group, times, pairs):
 
 
 def main():
-    args, x, dy = ab_setup(__doc__, rounds=7, extra=(("--order", "rotate"),))
-    print(f"order of each round: {args.order}")
+    args, x, dy = ab_setup(__doc__, rounds=7, extra=(("--order", "rotate"), ("--settle", "0")))
+    print(f"order of each round: {args.order}; each method run by itself for {args.settle} s before its timing")
     xg = x.clone().requires_grad_(True)
     w = (torch.randn(args.n, args.k, device="cuda", dtype=torch.bfloat16) / args.k ** 0.5).requires_grad_(True)
     b = torch.zeros(args.n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -70,7 +73,7 @@ def main():
     no_stk = {name: fn for name, fn in forwards.items() if not name.startswith("stk")}
 
     def rounds(timers):
-        return rounds_ms(timers, args.rounds, args.order)
+        return rounds_ms(timers, args.rounds, args.order, float(args.settle))
 
     with torch.no_grad():
         report("forward, eager", rounds({n: (lambda f=f: time_ms(f)) for n, f in forwards.items()}), pairs)

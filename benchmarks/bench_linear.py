@@ -106,13 +106,17 @@ def ratio_report(label, times):
     return f"{label}: " + "  ".join(cells) + f"  spread {max(base) / min(base):.3f}"
 
 
-def rounds_ms(timers, rounds, order="rotate"):
+def rounds_ms(timers, rounds, order="rotate", settle_s=0.0):
     """{name: [ms, one per round]}: every timer() called once per round, in an order rotating by round, so that
     drift (the host's speed, the GPU's clock) hits every method alike. order="shuffle" draws each round's order at
-    random instead (seeded by the round): a rotation keeps every method's neighbours, and a heavy method may slow
-    the one timed right after it (suspected in session 44, benchmarks/profile/neighbour_effect.py)."""
+    random instead (seeded by the round), so that no method keeps its neighbours. settle_s > 0 first calls the
+    timer again and again for that many seconds (results dropped), so that each method is timed at the clock its
+    own sustained load leaves: under the power cap a light kernel timed right after a heavy one reads up to 1.2x
+    slower (session 45, benchmarks/results/neighbour_effect_*.txt)."""
     if order not in ("rotate", "shuffle"):
         raise ValueError(f"rounds_ms: order={order!r} must be 'rotate' or 'shuffle'")
+    if not settle_s >= 0:
+        raise ValueError(f"rounds_ms: settle_s={settle_s!r} must be a number of seconds >= 0")
     times = {name: [] for name in timers}
     items = list(timers.items())
     for r in range(rounds):
@@ -122,6 +126,9 @@ def rounds_ms(timers, rounds, order="rotate"):
             shift = r % len(items)
             ordered = items[shift:] + items[:shift]
         for name, timer in ordered:
+            settled_at = time.perf_counter() + settle_s
+            while time.perf_counter() < settled_at:
+                timer()
             times[name].append(timer())
     return times
 
