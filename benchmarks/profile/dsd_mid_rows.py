@@ -13,9 +13,10 @@ default path. Per call in a CUDA graph of 20 calls, the same weight at every cal
 the SM80 kernel (no split), the 256-token kernel, the few-rows tiles. At the end a summary per shape (default /
 best / dense, summed) and the cells where the default path is more than 5 % off the best (session 41). Since
 session 42 every path of a cell (dense too) is captured first and the graphs are timed in --rounds rounds of
-rotating order. At thousands of tokens the default column read up to 1.19x the same kernel's hopper column
-(session 44, run 10), probably because it is always timed right after a heavy path (dense or the split of 8):
-compare columns there with care.
+rotating order (--order shuffle: at random). At thousands of tokens the default column read up to 1.19x the same
+kernel's hopper column with the rotating order (session 44, run 10) because it was always timed right after a heavy
+path (dense or the split of 8), which leaves a lower clock; with --order shuffle (run 11) the two agree within 4 %
+(benchmarks/profile/neighbour_effect.py).
 """
 import argparse
 import os

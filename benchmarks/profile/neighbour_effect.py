@@ -3,13 +3,17 @@ knobs of dsd_mid_rows.py's hopper column, each captured twice, timed in rounds o
 
     python benchmarks/profile/neighbour_effect.py [--blocks 128] [--densities 0.1,0.25] [--rounds 7] [--pause 0.5]
 
-Written in session 44, not yet run: in dsd_mid_rows.py's run 10 (H200, 8192 x 4096 -> 4096) the default column read up
-to 1.19x the hopper column (blocks of 128, density 0.1: 0.0626 against 0.0527 ms), though at 8192 tokens both
-launch the same kernel with the same parameters. rounds_ms rotates one fixed order, so there the default path was
-always timed right after dense or the split of 8 (0.1-0.4 s of full load; the clock drops under the power cap).
-Here the order is dense, default, hopper, default again, hopper again: with a neighbour effect, `default` (after
-dense) reads slower than `default again` (after hopper), and the gap closes with --pause (seconds of idle before
-each timing). Without one, all four read alike and a faster path is to be found in the hopper column's knobs.
+Written in session 44 after dsd_mid_rows.py's run 10 (H200, 8192 x 4096 -> 4096), where the default column read up
+to 1.19x the hopper column (blocks of 128, density 0.1: 0.0626 against 0.0527 ms), though at 8192 tokens both launch
+the same kernel with the same parameters. rounds_ms rotated one fixed order, so there the default path was always
+timed right after dense or the split of 8 (0.1-0.4 s of full load). Here the order is dense, default, hopper, default
+again, hopper again: with a neighbour effect, `default` (after dense) reads slower than `default again` (after
+hopper), and the gap closes with --pause (seconds of idle before each timing).
+
+Run in session 45 (benchmarks/results/neighbour_effect_NVIDIA_H200.txt): the four columns of the kernel agree within
+1-4 % (the one after dense the slowest), and after half a second of idle all four read 0.0518-0.0519 ms, 14-15 %
+faster than after other load. So the clock left by the preceding work sets the time of a light kernel; no faster path
+hides in the hopper knobs. The bar cells are since timed with --settle (bench_linear.rounds_ms).
 """
 import os
 import statistics
