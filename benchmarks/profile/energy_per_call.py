@@ -12,6 +12,10 @@ STK at blocks of 128 at 1.33-1.47 in graphs, where burst timings had read ~1.5. 
 sustained time is its energy per call over the capped power, so this prints both: which methods run at the cap, and
 how much energy per call ours would have to shed for a ratio. Each window follows --settle seconds of the same
 replays (not measured), so every method starts from its own steady clock.
+
+With benchmarks/profile/energy_skip_loads.patch applied (an experiment build, wrong results on purpose;
+PBSNG_EXPERIMENT_SKIP=1 / 2 / 4 / 8 skips or fixes some of the block-128 dsd's loads, see the patch) it measured
+what the bytes from L2 cost at the cap (session 45, benchmarks/results/energy_skip_loads_NVIDIA_H200.txt).
 """
 import os
 import statistics
