@@ -36,8 +36,13 @@ in a model's decode step: `benchmarks/results/bench_decode_*.txt`). Each configu
 against `F.linear` on its dense weight before it is timed. Under sustained load the H100 runs at its power cap
 and its clock drifts (1.26-1.98 GHz within a second), so a cell timed once can move by several percent:
 `benchmarks/bar_cells.py` times the project's target cells with dense and STK in the same rounds
-(`benchmarks/results/bar_cells_*.txt`). How the kernels work and why the numbers are what they are:
-[kernels.md](kernels.md).
+(`benchmarks/results/bar_cells_*.txt`). The tables below are short runs, at whatever clock the work before
+left. A light kernel timed right after a heavy one reads up to 1.2x slower
+(`benchmarks/profile/neighbour_effect.py`). Under sustained load every method runs at the power cap, dense, STK
+and ours alike (`benchmarks/profile/energy_per_call.py`), and a method's time is then its energy per call.
+`bar_cells.py --settle 0.3` times each method at its own sustained clock: on an H200 (session 45) ours (blocks of
+128) against STK was 1.3-1.5x there (the training step in CUDA graphs), against 1.4-1.7x in short runs. The
+block-64 ratios against dense hardly moved. How the kernels work and why the numbers are what they are: [kernels.md](kernels.md).
 
 Between decode and large batches (65 to ~2000 tokens per call) the tables below have no rows; the forward and
 the input gradient there are timed per path by `benchmarks/profile/dsd_mid_rows.py`
