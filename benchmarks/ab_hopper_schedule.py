@@ -56,10 +56,9 @@ def main():
     data, index = mat.data.detach(), mat.indices()
     xs = torch.randn(256, 4096, device="cuda", dtype=dtype)
     for dynamic in (True, False, True, False):
-        previous = _ops.set_hopper_tile_schedule("counter" if dynamic else "round_robin")
-        print(f"host time per _C.dsd call, M=256 4096x4096 block 64 d=0.5, dynamic={dynamic}: "
-              f"{per_call_us(lambda: _C.dsd(xs, data, None, *index)):.1f} us")
-        _ops.set_hopper_tile_schedule(previous)
+        with _ops.forced_knobs((_ops.set_hopper_tile_schedule, "counter" if dynamic else "round_robin")):
+            print(f"host time per _C.dsd call, M=256 4096x4096 block 64 d=0.5, dynamic={dynamic}: "
+                  f"{per_call_us(lambda: _C.dsd(xs, data, None, *index)):.1f} us")
 
 
 if __name__ == "__main__":

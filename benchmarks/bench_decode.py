@@ -92,13 +92,10 @@ def main():
                 for path, rows in (("decode", 64), ("tiled", 0)):
                     if path == "decode" and m > 64:
                         continue
-                    previous = _ops.set_decode_max_rows(rows)
-                    try:
+                    with _ops.forced_knobs((_ops.set_decode_max_rows, rows)):
                         outs[path] = runs["hot"]()
                         for temp, run in runs.items():
                             times[path, temp] = time_graph_ms(run, args.graph_calls, args.reps)
-                    finally:
-                        _ops.set_decode_max_rows(previous)
                 del data_copies
                 if len(outs) == 2:
                     scale = outs["tiled"].float().abs().max().item() + 1e-6

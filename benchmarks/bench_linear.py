@@ -320,10 +320,8 @@ def run(args):
                            speedup=dense_fwd / fwd, rel_err=err, dsd_path="sm90" if hopper else "sm80",
                            rounds=args.eager_rounds if peer else 1)
                     if hopper:  # the SM80 (mma.sync) forward too, for comparison
-                        previous = _ops.set_hopper_kernels(False)
-                        with torch.no_grad():
+                        with torch.no_grad(), _ops.forced_knobs((_ops.set_hopper_kernels, False)):
                             fwd80 = timed(lambda: layer(x))
-                        _ops.set_hopper_kernels(previous)
                         record(**common, method="ours_sm80", block=block, density=density, phase="forward",
                                ms=fwd80, speedup=dense_fwd / fwd80)
                     if not decode:

@@ -97,13 +97,11 @@ def main():
                 if hopper and op == "dds":
                     times["dds(id)"] = time_ms(lambda: ops.dds(dy, data, *natural))
                 if hopper and op in ("dsd", "dds"):  # the tile schedule that "auto" does not take
-                    previous = _ops.set_hopper_tile_schedule("round_robin")
-                    times[f"{op}(rr)"] = time_ms(run)
-                    _ops.set_hopper_tile_schedule(previous)
+                    with _ops.forced_knobs((_ops.set_hopper_tile_schedule, "round_robin")):
+                        times[f"{op}(rr)"] = time_ms(run)
                 if hopper:  # the SM80 kernel of the same product, for comparison
-                    previous = _ops.set_hopper_kernels(False)
-                    times[f"{op}(sm80)"] = time_ms(run)
-                    _ops.set_hopper_kernels(previous)
+                    with _ops.forced_knobs((_ops.set_hopper_kernels, False)):
+                        times[f"{op}(sm80)"] = time_ms(run)
             print(f"block {block:3d} density {density:4.2f}: " + "  ".join(
                 f"{op} {t:7.4f} ms {kept / t / 1e9:6.1f} TF/s" for op, t in times.items()), flush=True)
 

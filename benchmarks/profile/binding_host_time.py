@@ -50,12 +50,9 @@ def main():
             ("torch.zeros(1, int32)", lambda: torch.zeros(1, device="cuda", dtype=torch.int32)),
             ("F.linear(x, W) (cuBLAS)", lambda: torch.nn.functional.linear(x, w)),
             ("x.add_(0) (one launch)", lambda: x.add_(0))]
-    previous = _ops.set_hopper_min_rows(1)
-    try:
+    with _ops.forced_knobs((_ops.set_hopper_min_rows, 1)):
         for name, fn in rows:
             print(f"{name:32s} {per_call_us(fn):7.1f} us per call (host)", flush=True)
-    finally:
-        _ops.set_hopper_min_rows(previous)
 
 
 if __name__ == "__main__":

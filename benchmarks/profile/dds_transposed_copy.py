@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from pytorch_block_sparse_ng import _C  # noqa: E402
+from pytorch_block_sparse_ng import _C, _ops  # noqa: E402
 from pytorch_block_sparse_ng.layout import INDEX_NAMES, indices_from_block_mask  # noqa: E402
 
 from bench_linear import ab_setup, interleaved_times, ratio_report  # noqa: E402
@@ -52,11 +52,8 @@ def main():
                     raise SystemExit(f"block {block} density {density}: the dsd on the copy differs by {err:.3g}")
 
                 def dds_on_w():
-                    previous = _C.set_hopper_b32_dds_copy(0)
-                    try:
+                    with _ops.forced_knobs((_C.set_hopper_b32_dds_copy, 0)):
                         return _C.dds(dy, data, *index)
-                    finally:
-                        _C.set_hopper_b32_dds_copy(previous)
 
                 return {"dds_on_w": dds_on_w,
                         "dds": lambda: _C.dds(dy, data, *index),

@@ -47,13 +47,11 @@ def main():
 
         cells = []
         for name, schedule, tail_split in SETTINGS:
-            _ops.set_hopper_tile_schedule(schedule)
-            _C.set_hopper_sdd_tail_split(tail_split)
-            step_ms, step_host = wall_ms(step)
-            fwd_ms, fwd_host = wall_ms(forward)
+            with _ops.forced_knobs((_ops.set_hopper_tile_schedule, schedule),
+                                   (_C.set_hopper_sdd_tail_split, tail_split)):
+                step_ms, step_host = wall_ms(step)
+                fwd_ms, fwd_host = wall_ms(forward)
             cells.append(f"{name}: step {step_ms:.3f} ms (host {step_host:.3f}) fwd {fwd_ms:.3f} (host {fwd_host:.3f})")
-        _ops.set_hopper_tile_schedule("auto")
-        _C.set_hopper_sdd_tail_split(True)
         print(f"block {block} density {density}: " + " | ".join(cells), flush=True)
 
 

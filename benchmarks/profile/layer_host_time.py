@@ -59,11 +59,8 @@ def main():
                     ("layer.weight.indices()", lambda: w.indices())]
             for name, fn in rows:
                 print(f"  {name:44s} {per_call_us(fn):7.1f}", flush=True)
-            previous = _C.set_hopper_kernels(False)
-            try:
+            with _ops.forced_knobs((_C.set_hopper_kernels, False)):
                 print(f"  {'_C.dsd on the SM80 kernels':44s} {per_call_us(lambda: _C.dsd(x, data, bd, *index)):7.1f}")
-            finally:
-                _C.set_hopper_kernels(previous)
         print(f"  {'layer(x) with grad (C++ autograd node)':44s} {per_call_us(lambda: layer(x)):7.1f}")
         if block == 64:
             profile = cProfile.Profile()

@@ -47,11 +47,8 @@ def main():
                         torch.autograd.grad(y, (xg, data, bias), dy)
 
                     def timed(overlap):
-                        previous = _ops.set_backward_overlap(overlap)
-                        try:  # a graph captures the setting's streams
+                        with _ops.forced_knobs((_ops.set_backward_overlap, overlap)):  # a graph captures its streams
                             return time_graph_ms(step, 4, 30) if graph else time_ms(step)
-                        finally:
-                            _ops.set_backward_overlap(previous)
 
                     variants = [("one stream", False), ("two streams", True)]
                     shift = r % len(variants)

@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench_linear import time_ms  # noqa: E402
 
-from pytorch_block_sparse_ng import BlockSparseMatrix, _C  # noqa: E402
+from pytorch_block_sparse_ng import BlockSparseMatrix, _C, _ops  # noqa: E402
 
 
 def main():
@@ -47,9 +47,8 @@ def main():
                 mat = mat.to("cuda")
                 index = mat.indices()
                 ms = time_ms(lambda: _C.sdd(dy, x, *index, [block, block], True))
-                previous = _C.set_hopper_sdd_tail_split(not args.tail_split)
-                ms_other = time_ms(lambda: _C.sdd(dy, x, *index, [block, block], True))
-                _C.set_hopper_sdd_tail_split(previous)
+                with _ops.forced_knobs((_C.set_hopper_sdd_tail_split, not args.tail_split)):
+                    ms_other = time_ms(lambda: _C.sdd(dy, x, *index, [block, block], True))
                 rows.append((ctas, partial, ms, ms_other))
             print(f"block {block} density {density}: working CTAs / rows with a partial chunk / ms (waves = CTAs / "
                   f"{sms}, before any split of M)")
