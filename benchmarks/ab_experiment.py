@@ -23,6 +23,10 @@ The sdd runs with the bias gradient (what the layer's backward calls) unless bia
 layer's whole backward (dx, dW_b and the bias gradient: the dds on a second stream beside the sdd, as in training).
 --graph-calls N times each variant per call in a CUDA graph of N calls instead (short kernels, whose eager timing
 would include the host's launch time).
+--settle S (session 45) runs each variant by itself for S seconds (its graph replayed, or its eager calls) before
+its timing: under sustained load the GPU runs at its power cap, and a variant that does the same work with less
+energy is faster there, which short runs at whatever clock the previous variant left do not show
+(benchmarks/results/energy_per_call_*.txt).
 """
 
 import importlib.util
@@ -36,7 +40,7 @@ import torch  # noqa: E402
 from pytorch_block_sparse_ng import _C  # noqa: E402
 from pytorch_block_sparse_ng.layout import pair_order, tile_lines  # noqa: E402
 
-from bench_linear import ab_setup, interleaved_times, ratio_report, time_graph_ms, time_ms  # noqa: E402
+from bench_linear import ab_setup, interleaved_times, ratio_report, run_for, time_graph_ms, time_ms  # noqa: E402
 
 
 def parse_variants(text):
@@ -82,14 +86,20 @@ def with_env(env, fn, ext=_C):
 
 
 def main():
-    extra = [("--variants", "default="), ("--ops", "dsd,dds,sdd"), ("--graph-calls", "0")]
+    extra = [("--variants", "default="), ("--ops", "dsd,dds,sdd"), ("--graph-calls", "0"), ("--settle", "0")]
     args, x, dy = ab_setup(__doc__, rounds=5, extra=extra)
     settings = parse_variants(args.variants)
     print("variants: " + "; ".join(f"{name}: {env or 'defaults'}" for name, env in settings.items()))
     builds = {env["build"]: load_build(env["build"]) for env in settings.values() if "build" in env}
     bias = torch.randn(args.n, device="cuda", dtype=torch.bfloat16)
     calls = int(args.graph_calls)
-    timer = (lambda fn: time_graph_ms(fn, calls, 30)) if calls > 0 else time_ms
+    settle = float(args.settle)
+
+    def timer(fn):
+        if calls > 0:
+            return time_graph_ms(fn, calls, 30, settle)
+        run_for(fn, settle, sync_every=10)
+        return time_ms(fn)
     for block in args.blocks:
         for density in args.densities:
             for op in args.ops.split(","):

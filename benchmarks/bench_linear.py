@@ -15,6 +15,8 @@ importable: PyTorch BSR (torch.sparse._triton_ops.bsr_dense_mm, forward only) an
 
 speedup = dense time (same dtype, same run) / method time. Each BlockSparseLinear configuration is also checked
 against F.linear on its dense weight (max relative error, in the JSON) so that no broken kernel is timed.
+These are short runs, each at whatever clock the work before it left; under sustained load every method runs at the
+GPU's power cap, and benchmarks/bar_cells.py --settle times the project's bar cells that way (session 45).
 
     python benchmarks/bench_linear.py --out benchmarks/results            # full grid (a few minutes)
     python benchmarks/bench_linear.py --quick --out /tmp/bench            # one shape, block 64, bf16
@@ -106,6 +108,21 @@ def ratio_report(label, times):
     return f"{label}: " + "  ".join(cells) + f"  spread {max(base) / min(base):.3f}"
 
 
+def run_for(fn, seconds, sync_every=0):
+    """Calls fn() again and again for `seconds` of wall time and returns the number of calls: a method run by itself
+    so that the GPU's clock settles on its load. sync_every > 0 waits for the GPU after every that many calls (for
+    an fn that only queues work: the host would otherwise queue far more than `seconds` of it)."""
+    calls, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        fn()
+        calls += 1
+        if sync_every > 0 and calls % sync_every == 0:
+            torch.cuda.synchronize()
+    if sync_every > 0:
+        torch.cuda.synchronize()
+    return calls
+
+
 def rounds_ms(timers, rounds, order="rotate", settle_s=0.0):
     """{name: [ms, one per round]}: every timer() called once per round, in an order rotating by round, so that
     drift (the host's speed, the GPU's clock) hits every method alike. order="shuffle" draws each round's order at
@@ -126,9 +143,7 @@ def rounds_ms(timers, rounds, order="rotate", settle_s=0.0):
             shift = r % len(items)
             ordered = items[shift:] + items[:shift]
         for name, timer in ordered:
-            settled_at = time.perf_counter() + settle_s
-            while time.perf_counter() < settled_at:
-                timer()
+            run_for(timer, settle_s)
             times[name].append(timer())
     return times
 
@@ -176,9 +191,11 @@ def capture_graph(fn, calls):
     return graph
 
 
-def time_graph_ms(fn, calls, reps):
-    """Per-call time of fn() replayed `calls` times inside one CUDA graph."""
-    return time_ms(capture_graph(fn, calls).replay, 3, reps) / calls
+def time_graph_ms(fn, calls, reps, settle_s=0.0):
+    """Per-call time of fn() replayed `calls` times inside one CUDA graph (replayed first for settle_s seconds)."""
+    graph = capture_graph(fn, calls)
+    run_for(graph.replay, settle_s, sync_every=10)
+    return time_ms(graph.replay, 3, reps) / calls
 
 
 def with_knobs(fn, knobs):

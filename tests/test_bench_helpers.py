@@ -1,5 +1,5 @@
-"""The benchmarks' timing rounds (benchmarks/bench_linear.rounds_ms), checked with fake timers on the CPU: every
-method timed once per round, in the asked order, after settling on its own load when asked."""
+"""The benchmarks' timing rounds (benchmarks/bench_linear.rounds_ms and run_for), checked with fake timers on the
+CPU: every method timed once per round, in the asked order, after settling on its own load when asked."""
 
 import os
 import sys
@@ -8,7 +8,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
-from bench_linear import rounds_ms  # noqa: E402
+from bench_linear import rounds_ms, run_for  # noqa: E402
 
 
 def fake_timers(names, calls, sleep_s=0.0):
@@ -53,3 +53,11 @@ def test_settling_runs_each_method_by_itself_before_its_timing():
 def test_bad_rounds_arguments_name_the_argument(kwargs, message):
     with pytest.raises(ValueError, match=message):
         rounds_ms({"a": lambda: 1.0}, 1, **kwargs)
+
+
+def test_run_for_calls_until_the_time_is_up_and_counts_the_calls():
+    calls = []
+    assert run_for(lambda: calls.append(1), 0.0) == 0 and calls == []
+    start = time.perf_counter()
+    count = run_for(lambda: (calls.append(1), time.sleep(0.001)), 0.02)
+    assert time.perf_counter() - start >= 0.02 and count == len(calls) >= 5

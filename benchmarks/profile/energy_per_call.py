@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from pytorch_block_sparse_ng import BlockSparseLinear  # noqa: E402
 
-from bench_linear import ab_setup, capture_graph, stk_functions, try_import_stk  # noqa: E402
+from bench_linear import ab_setup, capture_graph, run_for, stk_functions, try_import_stk  # noqa: E402
 
 
 class ClockSampler:
@@ -60,19 +60,10 @@ class ClockSampler:
 
 def measure(handle, graph, calls, seconds, settle):
     """(ms per call, mean W, mean SM MHz, mean sampled W, mJ per call) over `seconds` of back-to-back replays."""
-    def replay_for(duration):
-        end, replays = time.perf_counter() + duration, 0
-        while time.perf_counter() < end:
-            for _ in range(10):
-                graph.replay()
-            replays += 10
-            torch.cuda.synchronize()
-        return replays
-
-    replay_for(settle)
+    run_for(graph.replay, settle, sync_every=10)
     with ClockSampler(handle) as sampler:
         energy0, t0 = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle), time.perf_counter()
-        replays = replay_for(seconds)
+        replays = run_for(graph.replay, seconds, sync_every=10)
         energy1, t1 = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle), time.perf_counter()
     n = replays * calls
     clocks = [c for c, _ in sampler.samples]
