@@ -11,7 +11,8 @@ Why (session 45): bar_cells.py --settle, which times each method at the clock of
 STK at blocks of 128 at 1.33-1.47 in graphs, where burst timings had read ~1.5. Under a power cap a method's
 sustained time is its energy per call over the capped power, so this prints both: which methods run at the cap, and
 how much energy per call ours would have to shed for a ratio. Each window follows --settle seconds of the same
-replays (not measured), so every method starts from its own steady clock.
+replays (not measured), so every method starts from its own steady clock. Keep windows of a second or more: NVML's
+power readings lag, and a 0.5 s window read 826 W from the energy counter against 401 W sampled for dense's step.
 
 With benchmarks/profile/energy_skip_loads.patch applied (an experiment build, wrong results on purpose;
 PBSNG_EXPERIMENT_SKIP=1 / 2 / 4 / 8 skips or fixes some of the block-128 dsd's loads, see the patch) it measured
