@@ -41,9 +41,10 @@ def test_rounds_time_every_method_once_per_round(order):
 def test_settling_runs_each_method_by_itself_before_its_timing():
     calls = []
     times = rounds_ms(fake_timers(["a", "b"], calls, sleep_s=0.002), 2, settle_s=0.02)
-    # a's settling calls come right before a's timing, and the timing kept is the last call's count
+    # a's settling calls come right before a's timing, and the timing kept is the last call's count (a slow host
+    # makes fewer settling calls, never none)
     first_b = calls.index("b")
-    assert calls[:first_b] == ["a"] * first_b and first_b >= 5
+    assert calls[:first_b] == ["a"] * first_b and first_b >= 2
     assert times["a"][0] == first_b and times["b"][1] > times["b"][0] > 1
 
 
@@ -60,4 +61,4 @@ def test_run_for_calls_until_the_time_is_up_and_counts_the_calls():
     assert run_for(lambda: calls.append(1), 0.0) == 0 and calls == []
     start = time.perf_counter()
     count = run_for(lambda: (calls.append(1), time.sleep(0.001)), 0.02)
-    assert time.perf_counter() - start >= 0.02 and count == len(calls) >= 5
+    assert time.perf_counter() - start >= 0.02 and count == len(calls) >= 2
