@@ -24,7 +24,6 @@ import sys
 import threading
 import time
 
-import pynvml
 import torch
 import torch.nn.functional as F
 
@@ -34,6 +33,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from pytorch_block_sparse_ng import BlockSparseLinear  # noqa: E402
 
 from bench_linear import ab_setup, capture_graph, run_for, stk_functions, try_import_stk  # noqa: E402
+
+try:
+    import pynvml
+except ImportError as error:
+    raise SystemExit(f"energy_per_call.py reads NVML through nvidia-ml-py ({error}): pip install nvidia-ml-py")
 
 
 class ClockSampler:
