@@ -23,13 +23,10 @@ import statistics
 import sys
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from pytorch_block_sparse_ng import BlockSparseLinear  # noqa: E402
-
-from bench_linear import ab_setup, graph_timers, rounds_ms, stk_functions, time_ms, try_import_stk  # noqa: E402
+from bench_linear import ab_setup, bar_methods, graph_timers, rounds_ms, time_ms, try_import_stk  # noqa: E402
 
 
 def report(group, times, pairs):
@@ -46,30 +43,7 @@ def report(group, times, pairs):
 def main():
     args, x, dy = ab_setup(__doc__, rounds=7, extra=(("--order", "rotate"), ("--settle", "0")))
     print(f"order of each round: {args.order}; each method run by itself for {args.settle} s before its timing")
-    xg = x.clone().requires_grad_(True)
-    w = (torch.randn(args.n, args.k, device="cuda", dtype=torch.bfloat16) / args.k ** 0.5).requires_grad_(True)
-    b = torch.zeros(args.n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    stk = try_import_stk()
-
-    def dense_step():
-        torch.autograd.grad(F.linear(xg, w, b), (xg, w, b), dy)
-
-    forwards = {"dense": lambda: F.linear(x, w, b)}
-    steps = {"dense": dense_step}
-    pairs = []
-    for block in args.blocks:
-        for density in args.densities:
-            layer = BlockSparseLinear(args.k, args.n, density=density, block_shape=(block, block), device="cuda",
-                                      dtype=torch.bfloat16, generator=torch.Generator().manual_seed(1))
-            name = f"b{block} d={density}"
-            forwards[name] = lambda layer=layer: layer(x)
-            steps[name] = lambda layer=layer: torch.autograd.grad(layer(xg), (xg, layer.weight.data, layer.bias), dy)
-            pairs.append(("dense", name))
-            if stk is not None and block == 128:
-                peer = stk_functions(stk, layer.weight.to_dense().detach(), x, dy)
-                forwards[f"stk d={density}"] = peer["forward"]
-                steps[f"stk d={density}"] = peer["step"]
-                pairs.append((f"stk d={density}", name))
+    forwards, steps, pairs = bar_methods(args, x, dy, try_import_stk())
     no_stk = {name: fn for name, fn in forwards.items() if not name.startswith("stk")}
 
     def rounds(timers):

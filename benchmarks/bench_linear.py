@@ -118,7 +118,7 @@ def run_for(fn, seconds, sync_every=0):
         calls += 1
         if sync_every > 0 and calls % sync_every == 0:
             torch.cuda.synchronize()
-    if sync_every > 0:
+    if sync_every > 0 and calls % sync_every:
         torch.cuda.synchronize()
     return calls
 
@@ -172,6 +172,33 @@ def stk_functions(stk, dense_masked, x, dy):
 
     return dict(forward=lambda: stk.ops.dds(x, swt), step=step,
                 rel_err=rel_err(stk.ops.dds(x, swt), F.linear(x, dense_masked)))
+
+
+def bar_methods(args, x, dy, stk):
+    """The methods of the bar cells (bar_cells.py, profile/energy_per_call.py) on the activations x (M, K) and
+    gradients dy (M, N) of ab_setup: {name: forward} and {name: training step} of dense F.linear ("dense"),
+    BlockSparseLinear for each of args.blocks x args.densities ("b{block} d={density}") and, for blocks of 128 when
+    `stk` (try_import_stk) is not None, STK on the same pattern ("stk d={density}"); and the (numerator,
+    denominator) pairs of the ratios to report, dense or STK over ours."""
+    xg = x.clone().requires_grad_(True)
+    w = (torch.randn(args.n, args.k, device="cuda", dtype=torch.bfloat16) / args.k ** 0.5).requires_grad_(True)
+    b = torch.zeros(args.n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    forwards = {"dense": lambda: F.linear(x, w, b)}
+    steps = {"dense": lambda: torch.autograd.grad(F.linear(xg, w, b), (xg, w, b), dy)}
+    pairs = []
+    for block in args.blocks:
+        for density in args.densities:
+            layer = BlockSparseLinear(args.k, args.n, density=density, block_shape=(block, block), device="cuda",
+                                      dtype=torch.bfloat16, generator=torch.Generator().manual_seed(1))
+            name = f"b{block} d={density}"
+            forwards[name] = lambda layer=layer: layer(x)
+            steps[name] = lambda layer=layer: torch.autograd.grad(layer(xg), (xg, layer.weight.data, layer.bias), dy)
+            pairs.append(("dense", name))
+            if stk is not None and block == 128:
+                peer = stk_functions(stk, layer.weight.to_dense().detach(), x, dy)
+                forwards[f"stk d={density}"], steps[f"stk d={density}"] = peer["forward"], peer["step"]
+                pairs.append((f"stk d={density}", name))
+    return forwards, steps, pairs
 
 
 def capture_graph(fn, calls):

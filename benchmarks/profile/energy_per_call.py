@@ -25,14 +25,11 @@ import threading
 import time
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from pytorch_block_sparse_ng import BlockSparseLinear  # noqa: E402
-
-from bench_linear import ab_setup, capture_graph, run_for, stk_functions, try_import_stk  # noqa: E402
+from bench_linear import ab_setup, bar_methods, capture_graph, run_for, try_import_stk  # noqa: E402
 
 try:
     import pynvml
@@ -83,22 +80,7 @@ def main():
     handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
     limit = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0
     print(f"power limit {limit:.0f} W; each method replayed for {args.seconds} s after {args.settle} s of the same")
-    xg = x.clone().requires_grad_(True)
-    w = (torch.randn(args.n, args.k, device="cuda", dtype=torch.bfloat16) / args.k ** 0.5).requires_grad_(True)
-    b = torch.zeros(args.n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    stk = try_import_stk()
-    forwards = {"dense": lambda: F.linear(x, w, b)}
-    steps = {"dense": lambda: torch.autograd.grad(F.linear(xg, w, b), (xg, w, b), dy)}
-    for block in args.blocks:
-        for density in args.densities:
-            layer = BlockSparseLinear(args.k, args.n, density=density, block_shape=(block, block), device="cuda",
-                                      dtype=torch.bfloat16, generator=torch.Generator().manual_seed(1))
-            forwards[f"b{block} d={density}"] = lambda layer=layer: layer(x)
-            steps[f"b{block} d={density}"] = (
-                lambda layer=layer: torch.autograd.grad(layer(xg), (xg, layer.weight.data, layer.bias), dy))
-            if stk is not None and block == 128:
-                peer = stk_functions(stk, layer.weight.to_dense().detach(), x, dy)
-                forwards[f"stk d={density}"], steps[f"stk d={density}"] = peer["forward"], peer["step"]
+    forwards, steps, _ = bar_methods(args, x, dy, try_import_stk())
     for label, fns, calls in (("forward, graph of 20 calls", forwards, 20), ("training step, graph of 4", steps, 4)):
         print(f"{label}: ms per call | W (energy counter) | SM MHz | W (sampled) | mJ per call", flush=True)
         with torch.no_grad() if fns is forwards else torch.enable_grad():
