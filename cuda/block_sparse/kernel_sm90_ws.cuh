@@ -292,11 +292,15 @@ __device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, i
 }
 
 // The lines of tile group g and their count: block 64, entries 2g and 2g + 1 of the order (the last group of
-// an odd number of lines has one); block 128, line g.
+// an odd number of lines has one); block 128, entry g of the order, or line g itself where every CTA (cluster)
+// takes one tile: there the order balances nothing, and its load was one of the dependent round trips before a
+// few-rows tile's first TMA load (H200, narrow products at 96-256 rows: with the load 0.2-1 % more time for the
+// dsd in 9 of 10 cells, 0.1-4.6 % for the dds; benchmarks/results/ab_few_rows_line_order_NVIDIA_H200.txt).
 template <class Cfg>
 __device__ __forceinline__ int group_lines(const KernelParams& p, int group, int (&line)[2]) {
   if constexpr (Cfg::kLinesPerTile == 1) {
-    line[0] = line[1] = __ldg(p.order + group);
+    const bool one_round = p.tile_counter == nullptr && p.n_tiles <= int(gridDim.x) / Cfg::kSplit;
+    line[0] = line[1] = one_round ? group : __ldg(p.order + group);
     return 1;
   } else {
     const int first = group * 2;
