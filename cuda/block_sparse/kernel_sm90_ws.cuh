@@ -158,7 +158,7 @@ struct KernelParams {
   const int32_t* keys;
   const int32_t* slots;
   const int32_t* order;  // [n_lines]: the lines in tile order (block 64: pairs, layout.pair_order; block 128:
-                         // longest first, layout.length_order)
+                         // longest first, layout.length_order, read only where CTAs take more than one tile)
   int* tile_counter;     // [2], zero at the launch: units handed out past the first gridDim.x, CTAs done (the
                          // last CTA zeroes both again); nullptr: every CTA takes units blockIdx.x + k * gridDim.x
   const void* bias;  // (n_lines * B,) or nullptr
