@@ -42,7 +42,9 @@ left. A light kernel timed right after a heavy one reads up to 1.2x slower
 and ours alike (`benchmarks/profile/energy_per_call.py`), and a method's time is then its energy per call.
 `bar_cells.py --settle 0.3` times each method at its own sustained clock: on an H200 (session 45) ours (blocks of
 128) against STK was 1.3-1.5x there (the training step in CUDA graphs), against 1.4-1.7x in short runs. The
-block-64 ratios against dense hardly moved. How the kernels work and why the numbers are what they are: [kernels.md](kernels.md).
+block-64 ratios against dense hardly moved. Fitted over the four densities (session 46), ours costs what dense
+cuBLAS costs per FLOP of the kept blocks (within 3 %) plus a fixed cost per call for its output (~20-25 us at
+8192 x 4096 -> 4096), STK 1.3-1.46x cuBLAS per FLOP. How the kernels work and why the numbers are what they are: [kernels.md](kernels.md).
 
 Between decode and large batches (65 to ~2000 tokens per call) the tables below have no rows; the forward and
 the input gradient there are timed per path by `benchmarks/profile/dsd_mid_rows.py`
